@@ -1,0 +1,70 @@
+"""lazyxla: PyTorch on XLA devices through JAX.
+
+Example::
+
+    import torch, lazyxla
+    dev = lazyxla.device()
+    x = torch.randn(4, 4, device=dev)
+    y = (x @ x).sum()
+    lazyxla.sync()
+    print(y.item())
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazyxla import _core, lowering, metrics  # noqa: F401  (lowering fills the rule table)
+from lazyxla.config import config
+from lazyxla.device import runtime
+from lazyxla.lazy.graph import sync, wait_device_ops
+
+__version__ = "0.1.0"
+
+_core.install()
+
+
+def device(index: int | None = None) -> torch.device:
+    """The torch device for jax's ``index``-th local device (default 0).
+
+    Example::
+
+        dev = lazyxla.device()          # torch.device('lazyxla', 0)
+        model.to(dev)
+    """
+    i = 0 if index is None else int(index)
+    runtime.jax_device(i)
+    return torch.device("lazyxla", i)
+
+
+def devices() -> list[torch.device]:
+    """Every lazyxla device of this process, one per jax local device.
+
+    Example::
+
+        for d in lazyxla.devices(): print(d)
+    """
+    return [torch.device("lazyxla", i) for i in range(len(runtime.local_devices()))]
+
+
+def mark_step(wait: bool = False) -> None:
+    """torch_xla's name for :func:`sync`.
+
+    Example::
+
+        lazyxla.mark_step()
+    """
+    sync(wait=wait)
+
+
+def platform() -> str:
+    """The jax platform behind the lazyxla device ('cpu', 'gpu' or 'tpu').
+
+    Example::
+
+        print(lazyxla.platform())
+    """
+    return runtime.platform()
+
+
+__all__ = ["config", "device", "devices", "mark_step", "metrics", "platform", "sync", "wait_device_ops"]

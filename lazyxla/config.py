@@ -1,0 +1,116 @@
+"""Every lazyxla flag, declared once.
+
+Each flag has a name, a type, a default, a help text, the environment variable that sets it, and
+whether it changes compiled output (such flags are part of the compile-cache key). No other module
+reads ``os.environ``.
+
+Example::
+
+    import lazyxla
+    lazyxla.config.strict = True          # CPU fallbacks become errors
+    with lazyxla.config.override(strict=False):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    name: str
+    type: type
+    default: Any
+    help: str
+    affects_compile: bool = False
+
+    @property
+    def env(self) -> str:
+        return "LAZYXLA_" + self.name.upper()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("strict", bool, False, "Raise instead of falling back to CPU for an op with no lowering."),
+    Flag("warn_fallback", bool, True, "Warn once per op that falls back to CPU."),
+    Flag("donate", bool, True, "Donate the device buffers of tensors a full sync overwrites."),
+    Flag(
+        "matmul_precision",
+        str,
+        "highest",
+        "Precision of float32 matmuls and convolutions (jax: 'default', 'high', 'highest').",
+        affects_compile=True,
+    ),
+)
+
+_BY_NAME = {f.name: f for f in FLAGS}
+
+
+def _parse(flag: Flag, raw: str) -> Any:
+    if flag.type is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{flag.env}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+    return flag.type(raw)
+
+
+class _Config:
+    """The live flag values; attribute access reads and writes them."""
+
+    def __init__(self) -> None:
+        values = {}
+        for flag in FLAGS:
+            raw = os.environ.get(flag.env)
+            values[flag.name] = flag.default if raw is None else _parse(flag, raw)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"lazyxla.config has no flag {name!r}; flags: {sorted(_BY_NAME)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        flag = _BY_NAME.get(name)
+        if flag is None:
+            raise AttributeError(f"lazyxla.config has no flag {name!r}; flags: {sorted(_BY_NAME)}")
+        if not isinstance(value, flag.type):
+            raise TypeError(f"lazyxla.config.{name} takes a {flag.type.__name__}, got {value!r}")
+        self._values[name] = value
+
+    def compile_key(self) -> tuple:
+        """The values of the flags that change compiled output, for the compile-cache key."""
+        return tuple(self._values[f.name] for f in FLAGS if f.affects_compile)
+
+    @contextlib.contextmanager
+    def override(self, **changes: Any) -> Iterator[None]:
+        """Set flags for the duration of a ``with`` block.
+
+        Example::
+
+            with lazyxla.config.override(strict=True):
+                run_step()
+        """
+        old = {name: getattr(self, name) for name in changes}
+        try:
+            for name, value in changes.items():
+                setattr(self, name, value)
+            yield
+        finally:
+            for name, value in old.items():
+                setattr(self, name, value)
+
+    def describe(self) -> str:
+        """A table of every flag: name, value, environment variable and help."""
+        rows = [f"{f.name} = {self._values[f.name]!r}  ({f.env}; default {f.default!r}) {f.help}" for f in FLAGS]
+        return "\n".join(rows)
+
+
+config = _Config()

@@ -1,0 +1,1 @@
+"""The lazyxla device: registration with PyTorch, jax device mapping, transfers."""

@@ -1,0 +1,85 @@
+"""Runtime facts and host<->device transfer, on top of jax's default backend."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import torch
+
+# All jax work of lazyxla runs with 64-bit types on, so that int64/float64 keep their width; the
+# user's own global jax config is left as it is.
+x64 = functools.partial(jax.enable_x64, True)
+
+
+@functools.cache
+def local_devices() -> tuple[jax.Device, ...]:
+    return tuple(jax.local_devices())
+
+
+def platform() -> str:
+    """The jax platform that backs the lazyxla device: 'cpu', 'gpu' or 'tpu'."""
+    return local_devices()[0].platform
+
+
+def jax_device(index: int | None) -> jax.Device:
+    devs = local_devices()
+    i = 0 if index is None else index
+    if not 0 <= i < len(devs):
+        raise RuntimeError(
+            f"lazyxla:{i} does not exist: this process has {len(devs)} lazyxla device(s) "
+            f"(jax platform {devs[0].platform!r}); use an index in 0..{len(devs) - 1}"
+        )
+    return devs[i]
+
+
+_NP_OF_TORCH = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.bfloat16: jax.numpy.bfloat16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.uint16: np.uint16,
+    torch.uint32: np.uint32,
+    torch.uint64: np.uint64,
+    torch.bool: np.bool_,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
+_TORCH_OF_NP = {np.dtype(v): k for k, v in _NP_OF_TORCH.items()}
+
+
+def np_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return np.dtype(_NP_OF_TORCH[dtype])
+    except KeyError:
+        supported = sorted(map(str, _NP_OF_TORCH))
+        raise TypeError(f"lazyxla does not support dtype {dtype}; supported: {supported}") from None
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return _TORCH_OF_NP[np.dtype(dtype)]
+
+
+def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
+    """Copy a CPU tensor to the jax device behind ``lazyxla:index``."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        host = t.view(torch.int16).numpy().view(jax.numpy.bfloat16)
+    else:
+        host = t.resolve_conj().resolve_neg().numpy()
+    with x64():
+        return jax.device_put(np.ascontiguousarray(host), jax_device(index))
+
+
+def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """Copy a jax array to a new CPU tensor (blocks until the array is ready)."""
+    host = np.asarray(a)
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(host, copy=True))

@@ -1,0 +1,1 @@
+"""Lazy tensors, the IR, recording, sync and metrics."""

@@ -1,0 +1,100 @@
+"""The lazy IR: immutable, hash-consed nodes whose structural hash is fixed at creation.
+
+A *value* is ``(node, output_index)``. A node is either a computation (an ``aten`` op applied to
+input values and constant arguments) or a leaf: device data (a ``jax.Array``), a Python scalar that
+entered tensor math, or an RNG key. Leaves hash by kind and aval only, never by contents, so the
+structural hash of a step is the same every step and the compile cache can be keyed by it.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Aval(NamedTuple):
+    """Abstract value: what a tensor is, without its contents."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Leaf(enum.Enum):
+    DATA = "data"  # payload: jax.Array on the device
+    SCALAR = "scalar"  # payload: Python float that entered tensor math (a graph input, not a constant)
+    RNG = "rng"  # payload: numpy uint32[2] key data for one random op
+
+
+class In:
+    """Placeholder for the i-th input value inside a node's argument template."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is In and other.i == self.i
+
+    def __hash__(self) -> int:
+        return hash((In, self.i))
+
+    def __repr__(self) -> str:
+        return f"%{self.i}"
+
+
+IN = tuple(In(i) for i in range(4096))
+
+
+def slot(i: int) -> In:
+    return IN[i] if i < len(IN) else In(i)
+
+
+class Node:
+    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "__weakref__")
+
+    def __init__(self, op, inputs, template, avals, hash_, payload, device):
+        self.op = op  # an OpOverload, or a Leaf kind
+        self.inputs = inputs  # tuple of values (node, index)
+        self.template = template  # (args, kwargs) with In placeholders for inputs; hashable
+        self.avals = avals  # tuple of Aval, one per output
+        self.hash = hash_
+        self.payload = payload
+        self.device = device  # lazyxla device index
+
+    @property
+    def is_leaf(self) -> bool:
+        return type(self.op) is Leaf
+
+    def __repr__(self) -> str:
+        if self.is_leaf:
+            return f"<{self.op.value} {list(self.avals[0].shape)} {self.avals[0].dtype}>"
+        return f"<{self.op} {self.template} -> {[(list(a.shape), a.dtype) for a in self.avals]}>"
+
+
+Value = tuple  # (Node, int)
+
+_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def node(op, inputs: tuple, template: Any, avals: tuple, device: int) -> Node:
+    """The node for ``op`` over ``inputs``; an identical live node is reused (hash-consing)."""
+    ident = (op, template, device, tuple((id(n), i) for n, i in inputs))
+    try:
+        found = _interned.get(ident)
+    except TypeError:  # an unhashable constant: no interning for this node
+        found, ident = None, None
+    if found is not None:
+        return found
+    h = hash((op, template, device, tuple((n.hash, i) for n, i in inputs)))
+    n = Node(op, inputs, template, avals, h, None, device)
+    if ident is not None:
+        _interned[ident] = n
+    return n
+
+
+def leaf(kind: Leaf, payload: Any, aval: Aval, device: int) -> Node:
+    return Node(kind, (), None, (aval,), hash((kind, aval, device)), payload, device)

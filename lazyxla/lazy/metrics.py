@@ -1,0 +1,86 @@
+"""Counters and timers: what lazyxla did (compiles, cache hits, transfers, fallbacks) and how long it took."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+
+_BASE = ("compiles", "cache_hits", "executions", "host_to_device", "device_to_host", "syncs", "ops_recorded")
+_counters: collections.Counter = collections.Counter()
+_timers: dict[str, list[float]] = collections.defaultdict(list)
+
+
+def inc(name: str, n: int = 1) -> None:
+    _counters[name] += n
+
+
+@contextlib.contextmanager
+def timer(name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _timers[name].append(time.perf_counter() - start)
+
+
+def counters() -> dict[str, int]:
+    """A snapshot of every counter.
+
+    Always has ``compiles``, ``cache_hits``, ``executions``, ``host_to_device``, ``device_to_host``,
+    ``syncs`` and ``ops_recorded``, plus one ``fallback.<op>`` entry per op that ran on the CPU.
+
+    Example::
+
+        before = lazyxla.metrics.counters()["compiles"]
+        train_step()
+        assert lazyxla.metrics.counters()["compiles"] == before   # served from the cache
+    """
+    out = {name: 0 for name in _BASE}
+    out.update(_counters)
+    return out
+
+
+def timers() -> dict[str, dict[str, float]]:
+    """Per timer (``trace``, ``compile``, ``execute``, ...): count, total, median and max seconds.
+
+    Example::
+
+        lazyxla.metrics.timers()["compile"]["total_s"]
+    """
+    out = {}
+    for name, xs in sorted(_timers.items()):
+        s = sorted(xs)
+        out[name] = {"count": len(s), "total_s": sum(s), "median_s": s[len(s) // 2], "max_s": s[-1]}
+    return out
+
+
+def reset() -> None:
+    """Zero every counter and timer.
+
+    Example::
+
+        lazyxla.metrics.reset(); step(); print(lazyxla.metrics.report())
+    """
+    _counters.clear()
+    _timers.clear()
+
+
+def report() -> str:
+    """A readable summary of counters and timers.
+
+    Example::
+
+        print(lazyxla.metrics.report())
+    """
+    lines = ["lazyxla metrics", "  counters:"]
+    for name, value in sorted(counters().items()):
+        lines.append(f"    {name:<32} {value}")
+    lines.append("  timers:")
+    for name, t in timers().items():
+        lines.append(
+            f"    {name:<32} n={t['count']:<6} total={t['total_s'] * 1e3:9.1f} ms  "
+            f"median={t['median_s'] * 1e3:8.3f} ms  max={t['max_s'] * 1e3:8.3f} ms"
+        )
+    return "\n".join(lines)

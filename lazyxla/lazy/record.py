@@ -1,0 +1,417 @@
+"""The dispatch target: record each aten op as an IR node, with PyTorch's meta kernels for shapes.
+
+Ops reach ``dispatch`` from ``LazyTensor.__torch_dispatch__`` after functionalization, so they are
+functional. In order, an op is: handled here (transfers, host reads, aliases), recorded (it has a
+lowering rule), decomposed (PyTorch has a decomposition), split per tensor (``_foreach_*``), or run
+on the CPU (a counted, warned fallback; an error in strict mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import torch._decomp
+
+from lazyxla.config import config
+from lazyxla.device import runtime
+from lazyxla.lazy import graph, metrics, rng
+from lazyxla.lazy.ir import Aval, In, Leaf, leaf, node, slot
+from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lowering.registry import RULES
+
+aten = torch.ops.aten
+
+# Python floats in these ops decide output shapes, so they stay constants.
+_SHAPE_SCALARS = frozenset({"aten::arange", "aten::linspace", "aten::logspace", "aten::range"})
+# Python floats in these ops that stay constants: 0 and +-1 simplify the program.
+_CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
+
+
+class DeviceMismatch(RuntimeError):
+    pass
+
+
+def _is_scalar_type(t) -> bool:
+    if isinstance(t, torch.NumberType):
+        return True
+    if isinstance(t, torch.OptionalType):
+        return _is_scalar_type(t.getElementType())
+    if isinstance(t, torch.ListType):
+        return _is_scalar_type(t.getElementType())
+    return False
+
+
+@functools.cache
+def _scalar_args(func) -> tuple[tuple[bool, ...], frozenset[str]]:
+    """Which positional args and which keyword args of ``func`` are ``Scalar`` (or lists of them)."""
+    schema = func._schema
+    if schema.name in _SHAPE_SCALARS:
+        return (), frozenset()
+    pos = tuple(_is_scalar_type(a.type) for a in schema.arguments if not a.kwarg_only)
+    kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and _is_scalar_type(a.type))
+    return pos, kw
+
+
+class _Flat:
+    """Args of one op flattened into a hashable template, its input values and their avals."""
+
+    __slots__ = ("inputs", "avals", "device", "meta_subst")
+
+    def __init__(self) -> None:
+        self.inputs: list = []
+        self.avals: list = []
+        self.device: int | None = None
+        self.meta_subst: list = []  # per input: an Aval (a tensor) or a Python value (a scalar input)
+
+    def tensor(self, t: LazyTensor):
+        n = t._value[0]
+        if self.device is None:
+            self.device = n.device
+        elif n.device != self.device:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"lazyxla:{self.device} and lazyxla:{n.device}!"
+            )
+        return self._add(t._value, Aval(tuple(t.shape), t.dtype), None)
+
+    def _add(self, value, aval, subst):
+        self.inputs.append(value)
+        self.avals.append(aval)
+        self.meta_subst.append(aval if subst is None else subst)
+        return slot(len(self.inputs) - 1)
+
+    def conv(self, x, scalar: bool):
+        if isinstance(x, LazyTensor):
+            return self.tensor(x)
+        if isinstance(x, torch.Tensor):
+            return self.host_tensor(x)
+        if isinstance(x, (list, tuple)):
+            return tuple(self.conv(e, scalar) for e in x)
+        if scalar and type(x) is float and x not in _CONST_FLOATS:
+            aval = Aval((), torch.float64)
+            return self._add((leaf(Leaf.SCALAR, x, aval, -1), 0), aval, x)
+        return x
+
+    def host_tensor(self, t: torch.Tensor):
+        if t.dim() != 0:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"lazyxla:{self.device or 0} and {t.device}! Move the tensor with .to(lazyxla.device()) "
+                "(0-dim CPU tensors are allowed, as for CUDA)."
+            )
+        aval = Aval((), t.dtype)
+        value = (_Pending0d(t), 0)  # placed on the device once the op's device is known
+        return self._add(value, aval, None)
+
+
+class _Pending0d:
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def _flatten(func, args, kwargs):
+    pos_scalar, kw_scalar = _scalar_args(func)
+    flat = _Flat()
+    targs = tuple(flat.conv(a, i < len(pos_scalar) and pos_scalar[i]) for i, a in enumerate(args))
+    tkw = tuple(sorted((k, flat.conv(v, k in kw_scalar)) for k, v in kwargs.items()))
+    if flat.device is None:
+        flat.device = _device_kwarg(kwargs)
+    for i, (value, aval) in enumerate(zip(flat.inputs, flat.avals)):
+        if type(value[0]) is _Pending0d:
+            metrics.inc("host_to_device")
+            data = runtime.to_device(value[0].t, flat.device)
+            flat.inputs[i] = (leaf(Leaf.DATA, data, aval, flat.device), 0)
+    return (targs, tkw), flat
+
+
+def _device_kwarg(kwargs) -> int:
+    dev = kwargs.get("device")
+    if isinstance(dev, torch.device) and dev.type == "lazyxla":
+        return dev.index or 0
+    return 0
+
+
+# ---- meta inference, memoized by (op, template, input avals) ----
+
+_meta_cache: dict = {}
+
+
+def _to_meta(x, subst):
+    if type(x) is tuple:
+        return tuple(_to_meta(e, subst) for e in x)
+    if type(x) is In:
+        s = subst[x.i]
+        if isinstance(s, Aval):
+            return torch.empty(s.shape, dtype=s.dtype, device="meta")
+        return s
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    return x
+
+
+def _relist(x, like):
+    """Restore lists where the original args had lists (templates hold tuples)."""
+    if isinstance(like, list):
+        return [_relist(e, lk) for e, lk in zip(x, like)]
+    if isinstance(like, tuple) and type(x) is tuple:
+        return tuple(_relist(e, lk) for e, lk in zip(x, like))
+    return x
+
+
+def _spec(out, avals: list):
+    if isinstance(out, torch.Tensor):
+        avals.append(Aval(tuple(out.shape), out.dtype))
+        return len(avals) - 1
+    if isinstance(out, (list, tuple)):
+        return (type(out), tuple(_spec(o, avals) for o in out))
+    return ("const", out)
+
+
+def _infer(func, template, flat: _Flat, args, kwargs):
+    key = (func, template, tuple(flat.avals))
+    try:
+        return _meta_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable constant
+        key = None
+    targs, tkw = template
+    margs = _relist(_to_meta(targs, flat.meta_subst), list(args))
+    mkw = {k: _relist(_to_meta(v, flat.meta_subst), kwargs[k]) for k, v in tkw}
+    with torch._C._DisableFuncTorch(), _no_python_dispatch():
+        out = func(*margs, **mkw)
+    avals: list = []
+    result = (_spec(out, avals), tuple(avals))
+    if key is not None:
+        _meta_cache[key] = result
+    return result
+
+
+def _no_python_dispatch():
+    return torch._C._DisableTorchDispatch()
+
+
+def _build(spec, n, requires_grad=False):
+    if type(spec) is int:
+        return LazyTensor((n, spec), n.avals[spec])
+    if spec[0] == "const":
+        return spec[1]
+    return spec[0](_build(s, n) for s in spec[1])
+
+
+def record(func, args, kwargs):
+    template, flat = _flatten(func, args, kwargs)
+    spec, avals = _infer(func, template, flat, args, kwargs)
+    inputs = tuple(flat.inputs)
+    if RULES[func].random:
+        inputs += ((rng.next_key_leaf(flat.device), 0),)
+    n = node(func, inputs, template, avals, flat.device)
+    metrics.inc("ops_recorded")
+    return _build(spec, n)
+
+
+# ---- ops handled here ----
+
+
+def _materialize(t: LazyTensor):
+    graph.sync_tensors([t], reason="host read")
+    return t._value[0].payload
+
+
+def _to_cpu(t: LazyTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    arr = _materialize(t)
+    metrics.inc("device_to_host")
+    out = runtime.to_host(arr, t.dtype)
+    return out if dtype is None or dtype == out.dtype else out.to(dtype)
+
+
+def _from_cpu(t: torch.Tensor, device: int) -> LazyTensor:
+    metrics.inc("host_to_device")
+    aval = Aval(tuple(t.shape), t.dtype)
+    return LazyTensor((leaf(Leaf.DATA, runtime.to_device(t, device), aval, device), 0), aval)
+
+
+def _alias(t: LazyTensor) -> LazyTensor:
+    return LazyTensor(t._value, Aval(tuple(t.shape), t.dtype))
+
+
+def _copy(dst, src, non_blocking=False):
+    if isinstance(src, LazyTensor) and src._value[0].device == dst._value[0].device:
+        if src.shape == dst.shape and src.dtype == dst.dtype:
+            return _alias(src)
+        return record(aten.copy.default, (dst, src), {})
+    if isinstance(src, LazyTensor):  # another lazyxla device
+        src = _to_cpu(src)
+    host = src.to(dst.dtype).expand(dst.shape).contiguous()
+    return _from_cpu(host, dst._value[0].device)
+
+
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if device is not None and torch.device(device).type != "lazyxla":
+        return _to_cpu(x, dtype).to(device)
+    target = x._value[0].device if device is None else (torch.device(device).index or 0)
+    if target != x._value[0].device:
+        return _from_cpu(_to_cpu(x, dtype), target)
+    if dtype is None or dtype == x.dtype:
+        return _alias(x)
+    return record(aten._to_copy.default, (x,), {"dtype": dtype})
+
+
+def _local_scalar_dense(x):
+    return _to_cpu(x).item()
+
+
+_SPECIAL = {
+    aten.copy.default: _copy,
+    aten._to_copy.default: _to_copy,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.lift_fresh.default: lambda x: x,
+    aten.detach.default: _alias,
+    aten.alias.default: _alias,
+    aten.clone.default: lambda x, memory_format=None: _alias(x),
+    aten.detach_copy.default: _alias,
+    aten.alias_copy.default: _alias,
+    aten.lift_fresh_copy.default: _alias,
+}
+
+
+# ---- decompositions, in-place ops below functionalization, foreach, CPU fallback ----
+
+
+@functools.cache
+def _decomposition(func):
+    table = torch._decomp.decomposition_table
+    if func in table:
+        return table[func]
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return func.decompose
+    return None
+
+
+@functools.cache
+def _functional_of(func):
+    """For an in-place op ``aten.x_.ov``: the functional ``aten.x.ov`` and the mutated arg positions."""
+    schema = func._schema
+    base = schema.name.split("::")[1]
+    if not base.endswith("_") or base.startswith("_foreach"):
+        return None
+    packet = getattr(aten, base[:-1], None)
+    overload = getattr(packet, func._overloadname, None) if packet is not None else None
+    if overload is None:
+        return None
+    return overload
+
+
+def _inplace(func, functional, args, kwargs):
+    out = dispatch(functional, args, kwargs)
+    args[0]._value = out._value
+    return args[0]
+
+
+def _foreach(func, args, kwargs):
+    """``_foreach_op(lists...)``: the per-tensor op applied to each element."""
+    name = func._schema.name.split("::")[1][len("_foreach_") :]
+    inplace = name.endswith("_")
+    packet = getattr(aten, name.rstrip("_"), None)
+    overload_name = func._overloadname
+    per = {"List": "Tensor", "Scalar": "Tensor", "ScalarList": "Tensor", "Tensor": "Tensor"}.get(
+        overload_name, overload_name
+    )
+    op = getattr(packet, per, None) or getattr(packet, "default", None) or getattr(packet, "Scalar", None)
+    if op is None:
+        return None
+    n = len(args[0])
+    results = []
+    for i in range(n):
+        a = tuple(x[i] if isinstance(x, (list, tuple)) else x for x in args)
+        kw = {k: (v[i] if isinstance(v, (list, tuple)) else v) for k, v in kwargs.items()}
+        if overload_name == "Tensor" and isinstance(args[1], torch.Tensor):
+            a = (a[0], args[1]) + a[2:]
+        results.append(dispatch(op, a, kw))
+    if inplace:
+        for t, r in zip(args[0], results):
+            t._value = r._value
+        return None
+    return results
+
+
+_warned: set = set()
+
+
+def _fallback(func, args, kwargs):
+    name = str(func)
+    if config.strict:
+        raise NotImplementedError(
+            f"lazyxla has no lowering rule nor decomposition for {name}, and strict mode forbids the CPU "
+            "fallback. Set lazyxla.config.strict = False (or LAZYXLA_STRICT=0) to run it on the CPU, or "
+            "avoid the op."
+        )
+    metrics.inc("fallback." + name)
+    if config.warn_fallback and name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"lazyxla: {name} has no lowering rule; it runs on the CPU (inputs synced, result copied back). "
+            "This is slow; lazyxla.metrics.counters() counts it.",
+            stacklevel=4,
+        )
+    device = None
+    lazies = [a for a in _leaves(args, kwargs) if isinstance(a, LazyTensor)]
+    graph.sync_tensors(lazies, reason=f"fallback {name}")
+    if lazies:
+        device = lazies[0]._value[0].device
+
+    def to_cpu(x):
+        if isinstance(x, LazyTensor):
+            return _to_cpu(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(e) for e in x)
+        if isinstance(x, torch.device) and x.type == "lazyxla":
+            return torch.device("cpu")
+        return x
+
+    out = func(*to_cpu(args), **{k: to_cpu(v) for k, v in kwargs.items()})
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            return _from_cpu(x, device or 0)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(e) for e in x)
+        return x
+
+    return back(out)
+
+
+def _leaves(args, kwargs):
+    stack = list(args) + list(kwargs.values())
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        else:
+            yield x
+
+
+def dispatch(func, args, kwargs):
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special(*args, **kwargs)
+    if func in RULES:
+        return record(func, args, kwargs)
+    if func._schema.name.startswith("aten::_foreach_"):
+        out = _foreach(func, args, kwargs)
+        if out is not None or func._schema.name.endswith("_"):
+            return out
+    functional = _functional_of(func)
+    if functional is not None:
+        return _inplace(func, functional, args, kwargs)
+    decomp = _decomposition(func)
+    if decomp is not None:
+        out = decomp(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    return _fallback(func, args, kwargs)
+

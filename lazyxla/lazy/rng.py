@@ -1,0 +1,40 @@
+"""The device RNG: a seed per process and a counter; each random op gets its own key as a graph input.
+
+The key is an input (not a constant), so a new seed or a new step never recompiles; the counter makes
+every random op in every step draw fresh numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lazyxla.lazy.ir import Aval, Leaf, leaf
+
+_state = {"seed": 0, "counter": 0}
+_KEY_AVAL = None
+
+
+def manual_seed(seed: int) -> None:
+    _state["seed"] = int(seed) & 0xFFFFFFFFFFFFFFFF
+    _state["counter"] = 0
+
+
+def get_state() -> tuple[int, int]:
+    return _state["seed"], _state["counter"]
+
+
+def set_state(state: tuple[int, int]) -> None:
+    _state["seed"], _state["counter"] = int(state[0]), int(state[1])
+
+
+def next_key_leaf(device: int):
+    global _KEY_AVAL
+    if _KEY_AVAL is None:
+        import torch
+
+        _KEY_AVAL = Aval((2,), torch.uint32)
+    seed, counter = _state["seed"], _state["counter"]
+    _state["counter"] = counter + 1
+    mixed = (seed ^ (seed >> 32)) & 0xFFFFFFFF
+    data = np.array([mixed, counter & 0xFFFFFFFF], dtype=np.uint32)
+    return leaf(Leaf.RNG, data, _KEY_AVAL, device)

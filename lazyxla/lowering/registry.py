@@ -1,0 +1,71 @@
+"""The op vocabulary: ``@lowers(torch.ops.aten.X.overload)`` rows mapping an aten op to a jax rule.
+
+A rule is a pure function ``rule(ctx, *args, **kwargs)`` taking the op's arguments with tensors
+replaced by ``jax.Array`` and returning an array, or a tuple/list of arrays for multi-output ops.
+``ctx`` carries what a rule may need besides its arguments (output avals, the RNG key), so rules
+never read module globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from lazyxla.device.runtime import np_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    fn: Callable
+    random: bool = False  # the rule draws random numbers from ctx.key
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What a rule knows besides its arguments."""
+
+    avals: tuple  # output avals (shape, torch dtype), as PyTorch's meta kernels computed them
+    key: Any = None  # a jax PRNG key, for rules registered with random=True
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.avals[0].shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy/jax dtype of the first output."""
+        return np_dtype(self.avals[0].dtype)
+
+
+RULES: dict[torch._ops.OpOverload, Rule] = {}
+
+
+def lowers(*ops: torch._ops.OpOverload, random: bool = False) -> Callable:
+    """Register ``fn`` as the lowering rule of each op; registering an op twice raises.
+
+    Example::
+
+        @lowers(aten.sin.default)
+        def _sin(ctx, x):
+            return jnp.sin(x)
+    """
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            if not isinstance(op, torch._ops.OpOverload):
+                raise TypeError(f"@lowers takes torch.ops.aten.<op>.<overload> objects, got {op!r}")
+            if op in RULES:
+                raise ValueError(f"{op} already has a lowering rule ({RULES[op].fn.__qualname__})")
+            RULES[op] = Rule(fn, random)
+        return fn
+
+    return register
+
+
+def rule_for(op: torch._ops.OpOverload) -> Rule | None:
+    return RULES.get(op)
+

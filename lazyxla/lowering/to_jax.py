@@ -1,0 +1,83 @@
+"""Graph -> jax function: interpret the nodes in post-order with the rule table, inside ``jax.jit``."""
+
+from __future__ import annotations
+
+import jax
+import torch
+
+from lazyxla.device.runtime import np_dtype
+from lazyxla.lazy.ir import In, Leaf, Node
+from lazyxla.lowering.registry import RULES, Ctx
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+def _subst(x, ins):
+    if type(x) is tuple:
+        return tuple(_subst(e, ins) for e in x)
+    if type(x) is In:
+        return ins[x.i]
+    return x
+
+
+def _relist(x):
+    # templates store lists as tuples; rules receive lists where PyTorch passes lists
+    return list(x) if type(x) is tuple else x
+
+
+def _scalar_dtype(n: Node):
+    """Dtype for Python scalars (graph inputs) used by node ``n``: its first floating tensor's dtype."""
+    for m, i in n.inputs:
+        if m.op is not Leaf.SCALAR and m.op is not Leaf.RNG:
+            dt = m.avals[i].dtype
+            if dt.is_floating_point or dt.is_complex:
+                return np_dtype(dt)
+    for aval in n.avals:
+        if aval.dtype.is_floating_point or aval.dtype.is_complex:
+            return np_dtype(aval.dtype)
+    return np_dtype(torch.get_default_dtype())
+
+
+def apply(n: Node, ins: list):
+    """Lower one node given its input arrays; returns the list of its output arrays."""
+    rule = RULES[n.op]
+    ctx = Ctx(n.avals)
+    if rule.random:
+        ctx.key = jax.random.wrap_key_data(ins[-1], impl="threefry2x32")
+        ins = ins[:-1]
+    if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
+        dt = _scalar_dtype(n)
+        ins = [a.astype(dt) if m.op is Leaf.SCALAR else a for (m, _), a in zip(n.inputs, ins)]
+    targs, tkw = n.template
+    args = [_relist(a) for a in _subst(targs, ins)]
+    kwargs = {k: _relist(v) for k, v in _subst(tkw, ins)}
+    try:
+        out = rule.fn(ctx, *args, **kwargs)
+    except Exception as e:
+        raise LoweringError(f"lowering {n.op} failed: {type(e).__name__}: {e}") from e
+    outs = [o for o in out if o is not None] if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(n.avals):
+        raise LoweringError(f"the rule for {n.op} returned {len(outs)} outputs; PyTorch's op has {len(n.avals)}")
+    result = []
+    for o, aval in zip(outs, n.avals):
+        if tuple(o.shape) != aval.shape:
+            raise LoweringError(
+                f"the rule for {n.op} produced shape {tuple(o.shape)}; PyTorch's meta kernel says {aval.shape}"
+            )
+        want = np_dtype(aval.dtype)
+        result.append(o if o.dtype == want else o.astype(want))
+    return result
+
+
+def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple]):
+    """A function of the leaves' arrays returning the roots' arrays."""
+
+    def fn(*args):
+        env = {id(leaf): (a,) for leaf, a in zip(leaves, args)}
+        for n in order:
+            env[id(n)] = apply(n, [env[id(m)][i] for m, i in n.inputs])
+        return tuple(env[id(m)][i] for m, i in roots)
+
+    return fn
