@@ -283,8 +283,14 @@ _SPECIAL = {
 
 
 @functools.cache
+def _core_decompositions() -> dict:
+    return torch._decomp.core_aten_decompositions()
+
+
+@functools.cache
 def _decomposition(func):
-    table = torch._decomp.decomposition_table
+    # Only decompositions into core aten ops: the general table also holds refs that lower to prims.
+    table = _core_decompositions()
     if func in table:
         return table[func]
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
@@ -414,4 +420,3 @@ def dispatch(func, args, kwargs):
         if out is not NotImplemented:
             return out
     return _fallback(func, args, kwargs)
-

@@ -68,4 +68,3 @@ def lowers(*ops: torch._ops.OpOverload, random: bool = False) -> Callable:
 
 def rule_for(op: torch._ops.OpOverload) -> Rule | None:
     return RULES.get(op)
-

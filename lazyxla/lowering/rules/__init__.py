@@ -1,3 +1,12 @@
 """Lowering rules, one module per op family; importing this package fills the rule table."""
 
-from lazyxla.lowering.rules import core  # noqa: F401
+from lazyxla.lowering.rules import (  # noqa: F401
+    core,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    random,
+    reduction,
+    view,
+)

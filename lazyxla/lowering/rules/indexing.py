@@ -1,0 +1,1 @@
+"""Lowering rules: indexing ops."""

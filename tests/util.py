@@ -1,0 +1,59 @@
+"""Test helpers: run the same function on CPU eager and on lazyxla, and compare."""
+
+from __future__ import annotations
+
+import torch
+
+import lazyxla
+
+
+def to_dev(x, dev=None):
+    dev = dev or lazyxla.device()
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(dev).requires_grad_(x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_dev(e, dev) for e in x)
+    if isinstance(x, dict):
+        return {k: to_dev(v, dev) for k, v in x.items()}
+    return x
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(e) for e in x)
+    return x
+
+
+def assert_same(actual, expected, rtol=1e-5, atol=1e-5, check_dtype=True):
+    """Compare lazyxla results (moved to CPU) with CPU eager results: values, shapes and dtypes."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
+        assert actual.device.type == "lazyxla", f"output lives on {actual.device}, not on lazyxla"
+        torch.testing.assert_close(to_cpu(actual), expected, rtol=rtol, atol=atol, check_dtype=check_dtype)
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e, rtol, atol, check_dtype)
+    else:
+        assert actual == expected, (actual, expected)
+
+
+def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on CPU and on lazyxla; assert equal outputs (and input grads)."""
+    cpu_args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    dev_args = to_dev(args)
+    expected = fn(*cpu_args, **kwargs)
+    actual = fn(*dev_args, **to_dev(kwargs))
+    assert_same(actual, expected, rtol, atol)
+    if grad:
+        out_cpu = expected if isinstance(expected, torch.Tensor) else expected[0]
+        out_dev = actual if isinstance(actual, torch.Tensor) else actual[0]
+        g = torch.randn_like(out_cpu)
+        out_cpu.backward(g)
+        out_dev.backward(to_dev(g))
+        for a, d in zip(cpu_args, dev_args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                assert_same(d.grad, a.grad, rtol, atol)
+    return actual
