@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from lazyxla.device import registration, runtime
@@ -12,13 +14,44 @@ from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 aten = torch.ops.aten
 
 
+def _below_functionalization() -> bool:
+    """True when called from inside functionalization (or our own dispatch): return bare LazyTensors."""
+    return torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
+
+
+def _rewrap(x):
+    if isinstance(x, LazyTensor):
+        return wrap(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rewrap(e) for e in x)
+    return x
+
+
+def _unwrap_all(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "lazyxla":
+        return unwrap(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap_all(e) for e in x)
+    return x
+
+
 def _empty(size, dtype=None, device=None):
     dtype = dtype or torch.get_default_dtype()
     index = 0 if device is None else (torch.device(device).index or 0)
     runtime.jax_device(index)  # raises a clear error for a device that does not exist
     kw = {"dtype": dtype, "device": torch.device("lazyxla", index)}
     lt = record(aten.empty.memory_format, (list(size),), kw)
-    return wrap(lt)
+    return lt if _below_functionalization() else wrap(lt)
+
+
+def _backend_kernel(op, *args, **kwargs):
+    """Every op that reaches the lazyxla backend key: factories (no lazyxla tensor argument) and
+    ``out=`` ops below functionalization."""
+    from lazyxla.lazy.record import dispatch
+
+    args, kwargs = _unwrap_all(args), {k: _unwrap_all(v) for k, v in kwargs.items()}
+    result = dispatch(op, args, kwargs)
+    return result if _below_functionalization() else _rewrap(result)
 
 
 def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -51,10 +84,14 @@ KERNELS = {
     "aten::empty_strided": _empty_strided,
     "aten::_copy_from": _copy_from,
 }
+# Factories whose CompositeExplicit kernels would write into a resized out= tensor: record them whole.
+for _name in ("arange", "arange.start", "arange.start_step", "full", "scalar_tensor", "linspace", "randperm"):
+    _op = getattr(getattr(aten, _name.split(".")[0]), (_name.split(".") + ["default"])[1])
+    KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _op)
 
 
 def install() -> None:
-    registration.register(KERNELS, rng.manual_seed)
+    registration.register(KERNELS, rng.manual_seed, _backend_kernel)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
 

@@ -55,9 +55,16 @@ class _BackendModule:
         self._seed_fn(seed)
 
 
-def register(kernels: dict[str, Callable], seed_fn: Callable[[int], None]) -> None:
-    """Rename PrivateUse1 to ``lazyxla`` and install the backend kernels (idempotent)."""
-    global _done
+_library = None
+
+
+def register(kernels: dict[str, Callable], seed_fn: Callable[[int], None], fallback: Callable) -> None:
+    """Rename PrivateUse1 to ``lazyxla`` and install the backend kernels (idempotent).
+
+    ``kernels`` are per-op kernels; ``fallback`` receives every other op that reaches the lazyxla
+    backend key, as ``fallback(op, *args, **kwargs)``.
+    """
+    global _done, _library
     if _done:
         return
     check_torch_version()
@@ -71,6 +78,8 @@ def register(kernels: dict[str, Callable], seed_fn: Callable[[int], None]) -> No
     _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(seed_fn))
     for name, fn in kernels.items():
         torch.library.impl(name, "privateuseone")(fn)
+    _library = torch.library.Library("_", "IMPL")
+    _library.fallback(fallback, "PrivateUse1")
     _done = True
 
 
@@ -78,14 +87,22 @@ def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Print lazyxla tensors from one host copy, as PyTorch does for XLA tensors (no per-element syncs)."""
     import torch._tensor_str as ts
 
-    original = ts._tensor_str
+    original = ts._str
     if getattr(original, "_lazyxla", False):
         return
 
-    def _tensor_str(self, indent):
-        if self.device.type == NAME:
-            self = to_cpu(self)
-        return original(self, indent)
+    def _str(self, *, tensor_contents=None):
+        if self.device.type != NAME:
+            return original(self, tensor_contents=tensor_contents)
+        text = original(to_cpu(self), tensor_contents=tensor_contents)
+        extra = [f"device='{self.device}'"]
+        if self.grad_fn is not None:
+            extra.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        cut = text.find(", dtype=")
+        cut = len(text) - 1 if cut < 0 else cut
+        return text[:cut] + ", " + ", ".join(extra) + text[cut:]
 
-    _tensor_str._lazyxla = True
-    ts._tensor_str = _tensor_str
+    _str._lazyxla = True
+    ts._str = _str

@@ -312,6 +312,38 @@ def _functional_of(func):
     return overload
 
 
+@functools.cache
+def _functional_of_out(func):
+    """``aten.x.out``-style overload -> the overload of ``aten.x`` with the same non-out arguments."""
+    schema = func._schema
+    want = [a.name for a in schema.arguments if not a.is_out]
+    packet = getattr(aten, schema.name.split("::")[1])
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if not cand._schema.is_mutable and [a.name for a in cand._schema.arguments] == want:
+            return cand
+    return None
+
+
+def _out_variant(func, args, kwargs):
+    """An ``out=`` op below functionalization (from a decomposition): compute, then rebind ``out``."""
+    functional = _functional_of_out(func)
+    if functional is None:
+        return _fallback(func, args, kwargs)
+    kwargs = dict(kwargs)
+    outs = [kwargs.pop(a.name) for a in func._schema.arguments if a.is_out and a.name in kwargs]
+    result = dispatch(functional, args, kwargs)
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            raise RuntimeError(
+                f"lazyxla: {func} writes shape {tuple(r.shape)} into an out= tensor of shape {tuple(o.shape)}; "
+                "resizing out= tensors is not supported on lazyxla, pass an out= tensor of the right shape"
+            )
+        o._value = r._value
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def _inplace(func, functional, args, kwargs):
     out = dispatch(functional, args, kwargs)
     args[0]._value = out._value
@@ -414,6 +446,8 @@ def dispatch(func, args, kwargs):
     functional = _functional_of(func)
     if functional is not None:
         return _inplace(func, functional, args, kwargs)
+    if func._schema.is_mutable and any(a.is_out for a in func._schema.arguments):
+        return _out_variant(func, args, kwargs)
     decomp = _decomposition(func)
     if decomp is not None:
         out = decomp(*args, **kwargs)
