@@ -1,0 +1,159 @@
+"""The lazyxla device: registration, factories, transfers, host reads, printing, errors, metrics."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import lazyxla
+from lazyxla.lazy.tensor import LazyTensor, unwrap
+
+
+def test_device_maps_to_jax_local_devices():
+    assert lazyxla.device() == torch.device("lazyxla", 0)
+    assert len(lazyxla.devices()) == len(jax.local_devices())
+    assert lazyxla.platform() == jax.local_devices()[0].platform
+    with pytest.raises(RuntimeError, match="lazyxla:99 does not exist"):
+        lazyxla.device(99)
+
+
+def test_factories_transfers_and_host_reads(dev):
+    z = torch.zeros(2, 3, device=dev)
+    assert z.device == dev and z.shape == (2, 3) and z.dtype == torch.float32
+    assert isinstance(unwrap(z), LazyTensor)
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    xd = x.to(dev)
+    assert xd.device.type == "lazyxla"
+    torch.testing.assert_close(xd.cpu(), x)
+    assert xd.cpu().numpy().tolist() == x.tolist()
+    assert xd.tolist() == x.tolist()
+    assert torch.tensor(7, device=dev).item() == 7
+    assert torch.full((2,), 2.5, device=dev).tolist() == [2.5, 2.5]
+    assert torch.ones(3, dtype=torch.int64, device=dev).cpu().dtype == torch.int64
+    assert torch.tensor([1.5], dtype=torch.float64).to(dev).cpu().dtype == torch.float64
+
+
+def test_dtypes_round_trip(dev):
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool):
+        x = (torch.arange(4) % 3).to(dtype)
+        assert torch.equal(x.to(dev).cpu(), x), dtype
+
+
+def test_print_and_repr(dev):
+    x = torch.tensor([1.0, 2.0]).to(dev)
+    assert repr(x) == "tensor([1., 2.], device='lazyxla:0')"
+    assert str(torch.tensor([1, 2], dtype=torch.int32).to(dev)) == "tensor([1, 2], device='lazyxla:0', dtype=torch.int32)"
+    w = torch.ones(2, device=dev, requires_grad=True)
+    assert "requires_grad=True" in repr(w)
+    assert "grad_fn=<MulBackward0>" in repr(w * 2)
+
+
+def test_module_to(dev):
+    m = torch.nn.Linear(3, 2)
+    ref = m.weight.detach().clone()
+    m.to(dev)
+    assert m.weight.device == dev and isinstance(m.weight, torch.nn.Parameter)
+    torch.testing.assert_close(m.weight.cpu(), ref)
+
+
+def test_item_mid_step_and_rest_of_step(dev):
+    x = torch.arange(4.0).to(dev)
+    y = x * 2
+    s = y.sum()
+    assert s.item() == 12.0  # forces a sync of just what it needs
+    z = y + s  # the rest of the step still uses the (now computed) values
+    torch.testing.assert_close(z.cpu(), torch.arange(4.0) * 2 + 12.0)
+
+
+def test_sync_and_mark_step_rebind_pending_tensors(dev):
+    x = torch.ones(3, device=dev) * 3
+    assert unwrap(x).pending
+    lazyxla.sync()
+    assert not unwrap(x).pending
+    y = x + 1
+    lazyxla.mark_step()
+    assert not unwrap(y).pending
+    assert y.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_mixing_cpu_and_lazyxla_raises_like_cuda(dev):
+    a = torch.ones(3, device=dev)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3)
+    # 0-dim CPU tensors are allowed, as PyTorch allows them with CUDA tensors
+    torch.testing.assert_close((a * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+
+
+def test_invalid_arguments_raise_at_the_call(dev):
+    a, b = torch.ones(2, 3, device=dev), torch.ones(4, 5, device=dev)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(a, b)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.ones(2, 4, device=dev)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        a.sum(dim=5)
+
+
+def test_cpu_fallback_counted_warned_and_strict(dev):
+    x = torch.tensor([[3.0, 1.0, 2.0], [9.0, 7.0, 8.0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values, indices = torch.kthvalue(x.to(dev), 2, dim=1)
+    assert any("aten.kthvalue.default" in str(w.message) for w in caught)
+    ev, ei = torch.kthvalue(x, 2, dim=1)
+    torch.testing.assert_close(values.cpu(), ev)
+    torch.testing.assert_close(indices.cpu(), ei)
+    assert values.device.type == "lazyxla"
+    assert lazyxla.metrics.counters()["fallback.aten.kthvalue.default"] == 1
+    with lazyxla.config.override(strict=True), pytest.raises(NotImplementedError, match="aten.kthvalue.default"):
+        torch.kthvalue(x.to(dev), 2, dim=1)
+
+
+def test_metrics_counters_report_reset(dev):
+    lazyxla.metrics.reset()
+    x = torch.ones(4).to(dev)
+    (x + 1).sum().item()
+    c = lazyxla.metrics.counters()
+    for key in ("compiles", "cache_hits", "executions", "host_to_device", "device_to_host"):
+        assert key in c
+    assert c["compiles"] == 1 and c["executions"] == 1 and c["host_to_device"] == 1 and c["device_to_host"] == 1
+    t = lazyxla.metrics.timers()
+    assert {"trace", "compile", "execute"} <= set(t)
+    text = lazyxla.metrics.report()
+    assert "compiles" in text and "execute" in text
+    lazyxla.metrics.reset()
+    assert lazyxla.metrics.counters()["compiles"] == 0
+
+
+def test_same_graph_is_compiled_once(dev):
+    lazyxla.metrics.reset()
+    for i in range(4):
+        x = torch.full((3,), float(i)).to(dev)
+        (x * 3 + 1).sum().item()
+    c = lazyxla.metrics.counters()
+    assert c["compiles"] == 1 and c["cache_hits"] == 3
+
+
+def test_python_scalars_are_inputs_not_constants(dev):
+    x = torch.ones(3).to(dev)
+    lazyxla.sync()
+    lazyxla.metrics.reset()
+    outs = []
+    for lr in (0.1, 0.2, 0.3):
+        outs.append((x * lr).cpu())
+    assert lazyxla.metrics.counters()["compiles"] == 1
+    np.testing.assert_allclose(torch.stack(outs).numpy(), np.array([[0.1] * 3, [0.2] * 3, [0.3] * 3]), rtol=1e-6)
+
+
+def test_config_flags():
+    assert lazyxla.config.strict is False
+    with lazyxla.config.override(strict=True):
+        assert lazyxla.config.strict is True
+    with pytest.raises(AttributeError, match="no flag"):
+        lazyxla.config.nonexistent = 1
+    with pytest.raises(TypeError):
+        lazyxla.config.strict = "yes"
