@@ -46,7 +46,9 @@ def test_dtypes_round_trip(dev):
 def test_print_and_repr(dev):
     x = torch.tensor([1.0, 2.0]).to(dev)
     assert repr(x) == "tensor([1., 2.], device='lazyxla:0')"
-    assert str(torch.tensor([1, 2], dtype=torch.int32).to(dev)) == "tensor([1, 2], device='lazyxla:0', dtype=torch.int32)"
+    assert (
+        str(torch.tensor([1, 2], dtype=torch.int32).to(dev)) == "tensor([1, 2], device='lazyxla:0', dtype=torch.int32)"
+    )
     w = torch.ones(2, device=dev, requires_grad=True)
     assert "requires_grad=True" in repr(w)
     assert "grad_fn=<MulBackward0>" in repr(w * 2)

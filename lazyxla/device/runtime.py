@@ -74,7 +74,7 @@ def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
     else:
         host = t.resolve_conj().resolve_neg().numpy()
     with x64():
-        return jax.device_put(np.ascontiguousarray(host), jax_device(index))
+        return jax.device_put(np.asarray(host, order="C"), jax_device(index))
 
 
 def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:

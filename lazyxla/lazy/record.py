@@ -33,8 +33,13 @@ class DeviceMismatch(RuntimeError):
     pass
 
 
+class _NoMeta(Exception):
+    """PyTorch cannot infer the op's output shape without the data: it runs like an op without a rule."""
+
+
 def _is_scalar_type(t) -> bool:
-    if isinstance(t, torch.NumberType):
+    """Argument types where a Python float is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
+    if isinstance(t, (torch.NumberType, torch.TensorType)):
         return True
     if isinstance(t, torch.OptionalType):
         return _is_scalar_type(t.getElementType())
@@ -183,7 +188,10 @@ def _infer(func, template, flat: _Flat, args, kwargs):
     margs = _relist(_to_meta(targs, flat.meta_subst), list(args))
     mkw = {k: _relist(_to_meta(v, flat.meta_subst), kwargs[k]) for k, v in tkw}
     with torch._C._DisableFuncTorch(), _no_python_dispatch():
-        out = func(*margs, **mkw)
+        try:
+            out = func(*margs, **mkw)
+        except NotImplementedError as e:  # no meta kernel, or a data-dependent shape (a boolean mask)
+            raise _NoMeta(str(e)) from e
     avals: list = []
     result = (_spec(out, avals), tuple(avals))
     if key is not None:
@@ -350,27 +358,54 @@ def _inplace(func, functional, args, kwargs):
     return args[0]
 
 
+_ELEMENT_OVERLOADS = {
+    "Scalar": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
+    "ScalarList": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
+    "List": ("Tensor", "default", "Tensor_Tensor"),
+    "Tensor": ("Tensor", "default", "Tensor_Tensor"),
+    "default": ("default",),
+    "ScalarAndTensor": ("Scalar",),
+}
+
+
+@functools.cache
+def _foreach_element_op(func):
+    """``aten._foreach_x.ov`` -> the per-tensor op ``aten.x.<matching overload>`` (or None)."""
+    name = func._schema.name.split("::")[1][len("_foreach_") :].rstrip("_")
+    if name == "norm":
+        return aten.linalg_vector_norm.default
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()):
+        op = getattr(packet, ov, None) if ov in packet.overloads() else None
+        if op is not None:
+            return op
+    return None
+
+
 def _foreach(func, args, kwargs):
-    """``_foreach_op(lists...)``: the per-tensor op applied to each element."""
-    name = func._schema.name.split("::")[1][len("_foreach_") :]
-    inplace = name.endswith("_")
-    packet = getattr(aten, name.rstrip("_"), None)
-    overload_name = func._overloadname
-    per = {"List": "Tensor", "Scalar": "Tensor", "ScalarList": "Tensor", "Tensor": "Tensor"}.get(
-        overload_name, overload_name
-    )
-    op = getattr(packet, per, None) or getattr(packet, "default", None) or getattr(packet, "Scalar", None)
+    """``_foreach_x(lists...)``: ``x`` applied to each element, arguments matched by schema position."""
+    op = _foreach_element_op(func)
     if op is None:
         return None
-    n = len(args[0])
+    fnames = [a.name for a in func._schema.arguments]
+    bound = list(args) + [kwargs[n] for n in fnames[len(args) :] if n in kwargs]
+    if op is aten.linalg_vector_norm.default:  # (self, ord, dtype) -> (self, ord, dim, keepdim, dtype)
+        bound = bound[:2] + [None, False] + bound[2:]
+    params = op._schema.arguments[: len(bound)]
+    lists = next(b for b in bound if isinstance(b, (list, tuple)))
     results = []
-    for i in range(n):
-        a = tuple(x[i] if isinstance(x, (list, tuple)) else x for x in args)
-        kw = {k: (v[i] if isinstance(v, (list, tuple)) else v) for k, v in kwargs.items()}
-        if overload_name == "Tensor" and isinstance(args[1], torch.Tensor):
-            a = (a[0], args[1]) + a[2:]
-        results.append(dispatch(op, a, kw))
-    if inplace:
+    for i in range(len(lists)):
+        pos, kw = [], {}
+        for p, b in zip(params, bound):
+            v = b[i] if isinstance(b, (list, tuple)) else b
+            if p.kwarg_only:
+                kw[p.name] = v
+            else:
+                pos.append(v)
+        results.append(dispatch(op, tuple(pos), kw))
+    if func._schema.name.endswith("_"):
         for t, r in zip(args[0], results):
             t._value = r._value
         return None
@@ -438,11 +473,12 @@ def dispatch(func, args, kwargs):
     if special is not None:
         return special(*args, **kwargs)
     if func in RULES:
-        return record(func, args, kwargs)
-    if func._schema.name.startswith("aten::_foreach_"):
-        out = _foreach(func, args, kwargs)
-        if out is not None or func._schema.name.endswith("_"):
-            return out
+        try:
+            return record(func, args, kwargs)
+        except _NoMeta:
+            pass
+    if func._schema.name.startswith("aten::_foreach_") and _foreach_element_op(func) is not None:
+        return _foreach(func, args, kwargs)
     functional = _functional_of(func)
     if functional is not None:
         return _inplace(func, functional, args, kwargs)

@@ -6,6 +6,7 @@ import collections
 
 import jax
 
+from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import metrics
 from lazyxla.lowering.to_jax import graph_fn
@@ -46,7 +47,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     sharding = jax.sharding.SingleDeviceSharding(dev)
     specs = [jax.ShapeDtypeStruct(a.shape, runtime.np_dtype(a.dtype), sharding=sharding) for a in in_avals]
     fn = jax.jit(graph_fn(order, leaves, roots), donate_argnums=donated, out_shardings=sharding)
-    with runtime.x64():
+    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
         with metrics.timer("lower"):
             lowered = fn.lower(*specs)
         with metrics.timer("compile"):

@@ -29,6 +29,7 @@ def slice_bounds(size: int, start, end) -> tuple[int, int]:
     start = min(max(start, 0), size)
     return start, min(max(end, start), size)
 
+
 # ---- reshapes: the output shape is all a rule needs ----
 
 
