@@ -92,7 +92,7 @@ def test_mixing_cpu_and_lazyxla_raises_like_cuda(dev):
 
 def test_invalid_arguments_raise_at_the_call(dev):
     a, b = torch.ones(2, 3, device=dev), torch.ones(4, 5, device=dev)
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
         torch.mm(a, b)
     with pytest.raises(RuntimeError, match="must match the size"):
         a + torch.ones(2, 4, device=dev)

@@ -468,6 +468,24 @@ def _leaves(args, kwargs):
             yield x
 
 
+def _check_devices(args, kwargs) -> None:
+    """Raise PyTorch's device-mismatch error for a non-0-dim tensor that is not on lazyxla."""
+    devices = set()
+    for x in _leaves(args, kwargs):
+        if isinstance(x, LazyTensor):
+            devices.add(x._value[0].device)
+        elif isinstance(x, torch.Tensor) and x.dim() != 0:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"lazyxla:{min(devices, default=0)} and {x.device}! Move the tensor with .to(lazyxla.device())."
+            )
+    if len(devices) > 1:
+        a, b = sorted(devices)[:2]
+        raise DeviceMismatch(
+            f"Expected all tensors to be on the same device, but found at least two devices, lazyxla:{a} and lazyxla:{b}!"
+        )
+
+
 def dispatch(func, args, kwargs):
     special = _SPECIAL.get(func)
     if special is not None:
@@ -477,6 +495,7 @@ def dispatch(func, args, kwargs):
             return record(func, args, kwargs)
         except _NoMeta:
             pass
+    _check_devices(args, kwargs)
     if func._schema.name.startswith("aten::_foreach_") and _foreach_element_op(func) is not None:
         return _foreach(func, args, kwargs)
     functional = _functional_of(func)

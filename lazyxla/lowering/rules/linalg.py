@@ -1,1 +1,128 @@
-"""Lowering rules: linalg ops."""
+"""Rules for matrix products and linear algebra."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from lazyxla.config import config
+from lazyxla.lowering.registry import lowers
+
+aten = torch.ops.aten
+
+
+def precision() -> lax.Precision:
+    """The precision of float32 matmuls and convolutions (``config.matmul_precision``, a compile-key flag)."""
+    return lax.Precision(config.matmul_precision)
+
+
+def matmul(a, b):
+    return jnp.matmul(a, b, precision=precision())
+
+
+def _scaled(x, s):
+    # 1 stays a constant (see record._CONST_FLOATS): skip the multiply
+    return x if isinstance(s, (int, float)) and s == 1 else x * s
+
+
+def _add_scaled(ctx, inp, prod, beta, alpha):
+    """``beta * inp + alpha * prod``; with beta == 0 ``inp`` is ignored, NaNs included, as in PyTorch."""
+    out = _scaled(prod, alpha)
+    if isinstance(beta, (int, float)) and beta == 0:
+        return jnp.broadcast_to(out, ctx.shape)
+    return _scaled(inp, beta) + out
+
+
+@lowers(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
+def _matmul(ctx, a, b):
+    return matmul(a, b)
+
+
+@lowers(aten.vdot.default)
+def _vdot(ctx, a, b):
+    return matmul(jnp.conj(a), b)
+
+
+@lowers(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+def _addmm(ctx, inp, a, b, *, beta=1, alpha=1):
+    return _add_scaled(ctx, inp, matmul(a, b), beta, alpha)
+
+
+@lowers(aten.addbmm.default)
+def _addbmm(ctx, inp, a, b, *, beta=1, alpha=1):
+    return _add_scaled(ctx, inp, matmul(a, b).sum(0), beta, alpha)
+
+
+@lowers(aten.addr.default)
+def _addr(ctx, inp, u, v, *, beta=1, alpha=1):
+    return _add_scaled(ctx, inp, jnp.outer(u, v), beta, alpha)
+
+
+@lowers(aten._addmm_activation.default)
+def _addmm_activation(ctx, inp, a, b, *, beta=1, alpha=1, use_gelu=False):
+    out = _add_scaled(ctx, inp, matmul(a, b), beta, alpha)
+    return jax_gelu(out, "tanh") if use_gelu else jnp.maximum(out, 0)
+
+
+def jax_gelu(x, approximate: str):
+    if approximate == "tanh":
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1 + jnp.tanh(inner))
+    return 0.5 * x * (1 + lax.erf(x * 0.7071067811865476))
+
+
+# ---- decompositions and solvers (float32/64; multi-output ops return PyTorch's tuple) ----
+
+
+@lowers(aten.linalg_cholesky_ex.default)
+def _cholesky_ex(ctx, a, *, upper=False, check_errors=False):
+    low = jnp.linalg.cholesky(a)
+    info = jnp.where(jnp.isnan(low).any((-2, -1)), 1, 0)
+    return (jnp.conj(jnp.swapaxes(low, -1, -2)) if upper else low), info
+
+
+@lowers(aten.linalg_inv_ex.default)
+def _inv_ex(ctx, a, *, check_errors=False):
+    inv = jnp.linalg.inv(a)
+    return inv, jnp.zeros(ctx.avals[1].shape, jnp.int32)
+
+
+@lowers(aten.linalg_solve_triangular.default)
+def _solve_triangular(ctx, a, b, *, upper, left=True, unitriangular=False):
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, unit_diagonal=unitriangular)
+
+
+@lowers(aten._linalg_det.default)
+def _det(ctx, a):
+    lu, piv, _ = lax.linalg.lu(a)
+    return jnp.linalg.det(a), lu, piv.astype(jnp.int32) + 1
+
+
+@lowers(aten._linalg_slogdet.default)
+def _slogdet(ctx, a):
+    sign, logabs = jnp.linalg.slogdet(a)
+    lu, piv, _ = lax.linalg.lu(a)
+    return sign, logabs, lu, piv.astype(jnp.int32) + 1
+
+
+@lowers(aten.linalg_qr.default)
+def _qr(ctx, a, mode="reduced"):
+    q, r = jnp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
+    if mode == "r":
+        return jnp.zeros(ctx.avals[0].shape, a.dtype), r
+    return q, r
+
+
+@lowers(aten._linalg_eigh.default)
+def _eigh(ctx, a, UPLO="L", compute_v=True):
+    w, v = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
+    return w, (v if compute_v else jnp.zeros(ctx.avals[1].shape, a.dtype))
+
+
+@lowers(aten._linalg_svd.default)
+def _svd(ctx, a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        s = jnp.linalg.svd(a, compute_uv=False)
+        return jnp.zeros(ctx.avals[0].shape, a.dtype), s, jnp.zeros(ctx.avals[2].shape, a.dtype)
+    return jnp.linalg.svd(a, full_matrices=full_matrices)
