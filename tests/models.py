@@ -23,9 +23,9 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     def __init__(self, channels: int = 3, classes: int = 10) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(channels, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, 8, 3, padding=1, bias=False)  # BatchNorm follows: a bias is redundant
         self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1, stride=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(16)
         self.fc = nn.Linear(16, classes)
 

@@ -94,7 +94,7 @@ def test_invalid_arguments_raise_at_the_call(dev):
     a, b = torch.ones(2, 3, device=dev), torch.ones(4, 5, device=dev)
     with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
         torch.mm(a, b)
-    with pytest.raises(RuntimeError, match="must match the size"):
+    with pytest.raises(RuntimeError, match="must match the size|broadcast"):
         a + torch.ones(2, 4, device=dev)
     with pytest.raises(IndexError, match="Dimension out of range"):
         a.sum(dim=5)
@@ -159,3 +159,27 @@ def test_config_flags():
         lazyxla.config.nonexistent = 1
     with pytest.raises(TypeError):
         lazyxla.config.strict = "yes"
+
+
+def test_a_failed_graph_does_not_poison_later_syncs(dev, monkeypatch):
+    from lazyxla.lazy.ir import ComputeError
+    from lazyxla.lowering import cache
+    from lazyxla.lowering.registry import RULES, Rule
+    from lazyxla.lowering.to_jax import LoweringError
+
+    def broken(ctx, x):
+        raise ValueError("deliberately broken rule")
+
+    monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(broken))
+    cache.clear()
+    x = torch.ones(3).to(dev)
+    bad = torch.cos(x * 2)
+    with pytest.raises(LoweringError, match="deliberately broken rule"):
+        lazyxla.sync()
+    lazyxla.sync()  # the failed tensors are no longer pending
+    good = x + 1
+    assert good.tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(ComputeError, match="deliberately broken rule"):
+        bad.cpu()
+    with pytest.raises(ComputeError):
+        (bad + 1).cpu()

@@ -22,7 +22,7 @@ def _lowered_not_fallen_back():
 
 def _x(*shape, dtype=torch.float32):
     torch.manual_seed(sum(shape))
-    return torch.randn(*shape).to(dtype).requires_grad_(dtype.is_floating_point)
+    return torch.randn(shape).to(dtype).requires_grad_(dtype.is_floating_point)
 
 
 # name -> (fn, inputs); every case also checks the gradient where its inputs require one
@@ -82,6 +82,12 @@ READS = {
     "pad_int": (lambda x: F.pad(x, (1, 1), value=7), [torch.arange(6).reshape(2, 3)]),
     "repeat": (lambda x: x.repeat(2, 1, 3), [_x(3, 4, 5)]),
     "repeat_more_dims": (lambda x: x.repeat(2, 2, 1), [_x(3, 4)]),
+    "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, -1), [_x(3, 4, 5), _x(3, 5)]),
+    "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 0, 4, 2), [_x(3, 4), _x(3, 2)]),
+    "slice_scatter_clamp": (lambda x, s: torch.slice_scatter(x, s, 0, -2, 99), [_x(3, 4), _x(2, 4)]),
+    "diagonal_scatter": (lambda x, s: torch.diagonal_scatter(x, s, 1), [_x(3, 4), _x(3)]),
+    "diagonal_scatter_dims": (lambda x, s: torch.diagonal_scatter(x, s, -1, 2, 0), [_x(3, 4, 5), _x(4, 3)]),
+    "as_strided_scatter": (lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 2), 1), [_x(3, 4), _x(2, 2)]),
     "tril": (lambda x: x.tril(), [_x(4, 5)]),
     "tril_batched": (lambda x: x.tril(-1), [_x(2, 4, 5)]),
     "triu": (lambda x: x.triu(1), [_x(2, 4, 5)]),

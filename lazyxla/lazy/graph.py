@@ -6,7 +6,8 @@ import numpy as np
 
 from lazyxla.config import config
 from lazyxla.lazy import metrics
-from lazyxla.lazy.ir import Leaf, leaf
+from lazyxla.device.runtime import x64
+from lazyxla.lazy.ir import Leaf, leaf, raise_if_error
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 
 
@@ -57,13 +58,17 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
             config.compile_key(),
         )
         donate = _donatable(leaves, tensors) if full and config.donate else ()
-    compiled = cache.get(key, order, leaves, roots, device, donate)
-    args = [_arg(leaf) for leaf in leaves]
-    with metrics.timer("execute"):
-        from lazyxla.device.runtime import x64
-
-        with x64():
+    try:
+        compiled = cache.get(key, order, leaves, roots, device, donate)
+        args = [_arg(leaf) for leaf in leaves]
+        with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
+    except Exception as e:
+        # These tensors can never be computed: mark them so later syncs skip them and reads re-raise.
+        for t in tensors:
+            m, i = t._value
+            t._value = (leaf(Leaf.ERROR, e, m.avals[i], device), 0)
+        raise
     metrics.inc("executions")
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
@@ -75,6 +80,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
 
 
 def _arg(n):
+    raise_if_error(n)
     if n.op is Leaf.DATA:
         if n.payload is None:
             raise RuntimeError("lazyxla internal error: a donated buffer was used again")

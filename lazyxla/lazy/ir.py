@@ -26,6 +26,19 @@ class Leaf(enum.Enum):
     DATA = "data"  # payload: jax.Array on the device
     SCALAR = "scalar"  # payload: Python float that entered tensor math (a graph input, not a constant)
     RNG = "rng"  # payload: numpy uint32[2] key data for one random op
+    ERROR = "error"  # payload: the exception that kept this value from being computed
+
+
+class ComputeError(RuntimeError):
+    """A tensor whose graph failed to lower, compile or run is read (or used) later."""
+
+
+def raise_if_error(n: Node) -> None:
+    if n.op is Leaf.ERROR:
+        e = n.payload
+        raise ComputeError(
+            f"this lazyxla tensor has no value: computing it failed earlier with {type(e).__name__}: {e}"
+        ) from e
 
 
 class In:

@@ -17,7 +17,7 @@ import torch._decomp
 from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import graph, metrics, rng
-from lazyxla.lazy.ir import Aval, In, Leaf, leaf, node, slot
+from lazyxla.lazy.ir import Aval, In, Leaf, leaf, node, raise_if_error, slot
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.lowering.registry import RULES
 
@@ -177,7 +177,8 @@ def _spec(out, avals: list):
 
 
 def _infer(func, template, flat: _Flat, args, kwargs):
-    key = (func, template, tuple(flat.avals))
+    # a Python float shares its aval with a 0-d float64 tensor, but not PyTorch's promotion rules
+    key = (func, template, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
     try:
         return _meta_cache[key]
     except KeyError:
@@ -227,6 +228,7 @@ def record(func, args, kwargs):
 
 def _materialize(t: LazyTensor):
     graph.sync_tensors([t], reason="host read")
+    raise_if_error(t._value[0])
     return t._value[0].payload
 
 
@@ -273,7 +275,19 @@ def _local_scalar_dense(x):
     return _to_cpu(x).item()
 
 
+def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, eps):
+    # native_batch_norm updates the running statistics in place although its schema does not say so,
+    # so functionalization passes it through: record the functional variant and rebind the statistics.
+    args = (x, w, b, running_mean, running_var, training, momentum, eps)
+    if not training or running_mean is None:
+        return record(aten.native_batch_norm.default, args, {})
+    out = record(aten._native_batch_norm_legit_functional.default, args, {})
+    running_mean._value, running_var._value = out[3]._value, out[4]._value
+    return out[:3]
+
+
 _SPECIAL = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten.copy.default: _copy,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

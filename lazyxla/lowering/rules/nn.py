@@ -1,1 +1,622 @@
-"""Lowering rules: nn ops."""
+"""Rules for neural-network ops: convolution, pooling, normalization, softmax, losses, activation gradients.
+
+Backward ops whose forward is written here are the ``jax.vjp`` of that forward (XLA drops the unused
+primal), so a forward and its gradient cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.linalg import jax_gelu, precision
+
+aten = torch.ops.aten
+
+_LOW = (jnp.float16, jnp.bfloat16)
+
+
+def _acc(x):
+    """Half-precision floats are computed in float32 (PyTorch's accumulate type); the driver casts back."""
+    return x.astype(jnp.float32) if x.dtype in _LOW else x
+
+
+def _vjp(f, primals, g, mask):
+    """Gradients of ``f`` w.r.t. the primals that ``mask`` asks for (None where absent or not asked)."""
+    want = [i for i, p in enumerate(primals) if p is not None and mask[i]]
+
+    def partial_f(*xs):
+        full = list(primals)
+        for i, v in zip(want, xs):
+            full[i] = v
+        return f(*full)
+
+    if not want:
+        return [None] * len(primals)
+    _, pullback = jax.vjp(partial_f, *(primals[i] for i in want))
+    grads = dict(zip(want, pullback(g.astype(jax.eval_shape(partial_f, *(primals[i] for i in want)).dtype))))
+    return [grads.get(i) for i in range(len(primals))]
+
+
+def _channel(v, ndim: int):
+    """A per-channel vector shaped to broadcast against an ``(N, C, *spatial)`` array."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _reduce(loss, reduction: int):
+    return (loss, loss.mean(), loss.sum())[reduction]
+
+
+def _reduce_grad(g, n: int, reduction: int):
+    return g / n if reduction == 1 else g
+
+
+# ---- convolution ----
+
+
+def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    spec = tuple(range(nd + 2))
+    dn = lax.ConvDimensionNumbers(spec, spec, spec)
+    if transposed:
+        # the gradient of a strided conv: dilate the input by the stride, flip the kernel, swap its in/out
+        cin, cout_g, *k = w.shape
+        w = w.reshape(groups, cin // groups, cout_g, *k).swapaxes(1, 2).reshape(groups * cout_g, cin // groups, *k)
+        w = jnp.flip(w, tuple(range(2, nd + 2)))
+        pads = [
+            (d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)
+        ]
+        out = lax.conv_general_dilated(
+            x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn,
+            feature_group_count=groups, precision=precision(),
+        )  # fmt: skip
+    else:
+        out = lax.conv_general_dilated(
+            x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=dn,
+            feature_group_count=groups, precision=precision(),
+        )  # fmt: skip
+    return out if bias is None else out + _channel(bias, out.ndim)
+
+
+def _expand(v, nd: int) -> tuple[int, ...]:
+    return tuple(v) * nd if len(v) == 1 else tuple(v)
+
+
+def _conv_args(x, stride, padding, dilation, output_padding):
+    nd = x.ndim - 2
+    return tuple(_expand(v, nd) for v in (stride, padding, dilation, output_padding))
+
+
+@lowers(aten.convolution.default)
+def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    stride, padding, dilation, output_padding = _conv_args(x, stride, padding, dilation, output_padding)
+    return _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lowers(aten.convolution_backward.default)
+def _convolution_backward(
+    ctx, g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    stride, padding, dilation, output_padding = _conv_args(x, stride, padding, dilation, output_padding)
+    f = functools.partial(
+        _conv, stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+        output_padding=output_padding, groups=groups,
+    )  # fmt: skip
+    gx, gw = _vjp(lambda x, w: f(x, w, None), (x, w), g, output_mask[:2])
+    gb = g.sum((0, *range(2, g.ndim))) if output_mask[2] else None
+    return gx, gw, gb
+
+
+# ---- pooling ----
+
+
+def _pool_pads(in_sp, out_sp, kernel, stride, padding, dilation):
+    """(low, high) padding so that every output window (ceil_mode included) lies inside the array."""
+    return [
+        (p, max(0, (o - 1) * s + d * (k - 1) + 1 - n - p))
+        for n, o, k, s, p, d in zip(in_sp, out_sp, kernel, stride, padding, dilation)
+    ]
+
+
+def _taps(x, out_sp, kernel, stride, padding, dilation, fill):
+    """Every kernel tap's strided view of ``x``: shape ``(*lead, K, *out_sp)``, taps in row-major order."""
+    nd = len(kernel)
+    lead = x.ndim - nd
+    pads = _pool_pads(x.shape[lead:], out_sp, kernel, stride, padding, dilation)
+    xp = jnp.pad(x, [(0, 0)] * lead + pads, constant_values=fill)
+    taps = []
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        start = [0] * lead + [o * d for o, d in zip(offs, dilation)]
+        limit = list(x.shape[:lead]) + [b + (o - 1) * s + 1 for b, o, s in zip(start[lead:], out_sp, stride)]
+        taps.append(lax.slice(xp, start, limit, [1] * lead + list(stride)))
+    return jnp.stack(taps, lead)
+
+
+def _pool_params(nd, kernel, stride, padding, dilation=(1,)):
+    kernel = _expand(kernel, nd)
+    stride = _expand(stride, nd) if len(stride) else kernel
+    return kernel, stride, _expand(padding, nd), _expand(dilation, nd)
+
+
+def _max_pool(nd, ctx, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    kernel, stride, padding, dilation = _pool_params(nd, kernel, stride, padding, dilation)
+    out_sp = ctx.shape[-nd:]
+    fill = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    taps = _taps(x, out_sp, kernel, stride, padding, dilation, fill)
+    lead = x.ndim - nd
+    which = jnp.argmax(taps, lead)
+    offsets = jnp.asarray(list(itertools.product(*(range(k) for k in kernel))), jnp.int64)[which]
+    index = jnp.zeros(which.shape, jnp.int64)
+    for i in range(nd):
+        iota = lax.broadcasted_iota(jnp.int64, which.shape, lead + i)
+        pos = iota * stride[i] - padding[i] + offsets[..., i] * dilation[i]
+        index = index * x.shape[lead + i] + pos
+    return jnp.max(taps, lead), index
+
+
+def _max_pool_backward(nd, ctx, g, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    lead = x.ndim - nd
+    rows = math.prod(x.shape[:lead])
+    g2, i2 = g.reshape(rows, -1), indices.reshape(rows, -1)
+    out = jnp.zeros((rows, math.prod(x.shape[lead:])), g.dtype)
+    return out.at[jnp.arange(rows)[:, None], i2].add(g2).reshape(x.shape)
+
+
+lowers(aten.max_pool2d_with_indices.default)(functools.partial(_max_pool, 2))
+lowers(aten.max_pool3d_with_indices.default)(functools.partial(_max_pool, 3))
+lowers(aten.max_pool2d_with_indices_backward.default)(functools.partial(_max_pool_backward, 2))
+lowers(aten.max_pool3d_with_indices_backward.default)(functools.partial(_max_pool_backward, 3))
+
+
+def _window_sum(x, nd, kernel, stride, pads):
+    lead = x.ndim - nd
+    return lax.reduce_window(
+        x, np.zeros((), x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride, [(0, 0)] * lead + pads
+    )
+
+
+def _avg_pool(x, out_sp, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    nd = len(out_sp)
+    lead = x.ndim - nd
+    in_sp = x.shape[lead:]
+    pads = _pool_pads(in_sp, out_sp, kernel, stride, padding, (1,) * nd)
+    crop = tuple(slice(0, o) for o in out_sp)
+    total = _window_sum(_acc(x), nd, kernel, stride, pads)[(Ellipsis, *crop)]
+    if divisor_override:
+        return total / divisor_override
+    # how many elements each window averages: the padded extent counts only with count_include_pad
+    ones = np.ones([n + 2 * p for n, p in zip(in_sp, padding)] if count_include_pad else in_sp, np.float32)
+    count_pads = [(0, hi - p) if count_include_pad else (p, hi) for (p, hi) in pads]
+    count_pads = [(lo, max(0, hi)) for lo, hi in count_pads]
+    count = _window_sum(jnp.asarray(ones), nd, kernel, stride, count_pads)[crop]
+    return total / count.astype(total.dtype)
+
+
+def _avg_pool_rule(
+    nd, ctx, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    kernel, stride, padding, _ = _pool_params(nd, kernel, stride, padding)
+    out_sp = ctx.shape[-nd:]
+    return _avg_pool(x, out_sp, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _avg_pool_backward(nd, ctx, g, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, _ = _pool_params(nd, kernel, stride, padding)
+    out_sp = g.shape[-nd:]
+    f = functools.partial(
+        _avg_pool, out_sp=out_sp, kernel=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode,
+        count_include_pad=count_include_pad, divisor_override=divisor_override,
+    )  # fmt: skip
+    return _vjp(f, (x,), g, (True,))[0]
+
+
+lowers(aten.avg_pool2d.default)(functools.partial(_avg_pool_rule, 2))
+lowers(aten.avg_pool3d.default)(functools.partial(_avg_pool_rule, 3))
+lowers(aten.avg_pool2d_backward.default)(functools.partial(_avg_pool_backward, 2))
+lowers(aten.avg_pool3d_backward.default)(functools.partial(_avg_pool_backward, 3))
+
+
+@functools.cache
+def _adaptive_matrix(n: int, out: int) -> np.ndarray:
+    m = np.zeros((out, n), np.float32)
+    for i in range(out):
+        lo, hi = (i * n) // out, -(-((i + 1) * n) // out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def _adaptive_avg(x, out_sp):
+    x = _acc(x)
+    lead = x.ndim - len(out_sp)
+    for axis, out in enumerate(out_sp, lead):
+        n = x.shape[axis]
+        if n % out == 0:  # equal windows: a plain mean
+            x = x.reshape(x.shape[:axis] + (out, n // out) + x.shape[axis + 1 :]).mean(axis + 1)
+        else:  # overlapping windows of unequal size: an averaging matrix
+            m = jnp.asarray(_adaptive_matrix(n, out), x.dtype)
+            x = jnp.moveaxis(jnp.tensordot(x, m, ((axis,), (1,)), precision=precision()), -1, axis)
+    return x
+
+
+def _adaptive_avg_rule(ctx, x, output_size):
+    return _adaptive_avg(x, ctx.shape[-len(output_size) :])
+
+
+def _adaptive_avg_backward(nd, ctx, g, x):
+    return _vjp(lambda x: _adaptive_avg(x, g.shape[-nd:]), (x,), g, (True,))[0]
+
+
+lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)(_adaptive_avg_rule)
+lowers(aten._adaptive_avg_pool2d_backward.default)(functools.partial(_adaptive_avg_backward, 2))
+lowers(aten._adaptive_avg_pool3d_backward.default)(functools.partial(_adaptive_avg_backward, 3))
+
+
+# ---- normalization ----
+
+
+def _normalize(x, axes, eps):
+    xf = _acc(x)
+    mean = xf.mean(axes, keepdims=True)
+    var = jnp.square(xf - mean).mean(axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    return (xf - mean) * rstd, mean, rstd, var
+
+
+def _layer_norm(x, normalized_shape, w, b, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    y, mean, rstd, _ = _normalize(x, axes, eps)
+    y = y if w is None else y * w
+    y = y if b is None else y + b
+    return y.astype(x.dtype), mean, rstd
+
+
+@lowers(aten.native_layer_norm.default)
+def _native_layer_norm(ctx, x, normalized_shape, w, b, eps):
+    return _layer_norm(x, normalized_shape, w, b, eps)
+
+
+def _norm_backward(g, xhat, rstd, w_shaped, stat_axes, param_axes, output_mask):
+    """Gradients of ``xhat * w + b`` with ``xhat`` normalized over ``stat_axes`` by the saved ``rstd``."""
+    dxhat = g if w_shaped is None else g * w_shaped
+    dx = None
+    if output_mask[0]:
+        mean_d = dxhat.mean(stat_axes, keepdims=True)
+        mean_dx = (dxhat * xhat).mean(stat_axes, keepdims=True)
+        dx = rstd * (dxhat - mean_d - xhat * mean_dx)
+    dw = (g * xhat).sum(param_axes) if output_mask[1] else None
+    db = g.sum(param_axes) if output_mask[2] else None
+    return dx, dw, db
+
+
+@lowers(aten.native_layer_norm_backward.default)
+def _native_layer_norm_backward(ctx, g, x, normalized_shape, mean, rstd, w, b, output_mask):
+    k = x.ndim - len(normalized_shape)
+    xhat = (_acc(x) - mean) * rstd
+    stat_axes, lead = tuple(range(k, x.ndim)), tuple(range(k))
+    mask = (output_mask[0], output_mask[1] and w is not None, output_mask[2] and b is not None)
+    return _norm_backward(_acc(g), xhat, rstd, w, stat_axes, lead, mask)
+
+
+def _affine(y, w, b, shape):
+    w = w if w is None or shape is None else w.reshape(shape)
+    b = b if b is None or shape is None else b.reshape(shape)
+    y = y if w is None else y * w
+    return y if b is None else y + b
+
+
+def _group_norm(x, w, b, n, c, group, eps):
+    y, mean, rstd, _ = _normalize(x.reshape(n, group, -1), (2,), eps)
+    y = _affine(y.reshape(x.shape), w, b, (1, c) + (1,) * (x.ndim - 2))
+    return y.astype(x.dtype), mean.reshape(n, group), rstd.reshape(n, group)
+
+
+@lowers(aten.native_group_norm.default)
+def _native_group_norm(ctx, x, w, b, n, c, hxw, group, eps):
+    return _group_norm(x, w, b, n, c, group, eps)
+
+
+@lowers(aten.native_group_norm_backward.default)
+def _native_group_norm_backward(ctx, g, x, mean, rstd, w, n, c, hxw, group, output_mask):
+    grouped = (n, group, -1)
+    xhat = ((_acc(x).reshape(grouped) - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    g = _acc(g)
+    dxhat = g if w is None else g * _channel(w, x.ndim)
+    dx, dw, db = _norm_backward(
+        dxhat.reshape(grouped), xhat.reshape(grouped), rstd[..., None], None, (2,), (), (output_mask[0], 0, 0)
+    )
+    param_axes = (0, *range(2, x.ndim))
+    dw = (g * xhat).sum(param_axes) if output_mask[1] and w is not None else None
+    db = g.sum(param_axes) if output_mask[2] else None
+    return (None if dx is None else dx.reshape(x.shape)), dw, db
+
+
+def _bn_axes(x):
+    return (0, *range(2, x.ndim))
+
+
+def _bn_train(x, w, b, eps):
+    """Batch statistics: the normalized output, mean, 1/std and the (biased) variance per channel."""
+    y, mean, rstd, var = _normalize(x, _bn_axes(x), eps)
+    y = _affine(y, w, b, _channel(jnp.zeros(x.shape[1]), x.ndim).shape)
+    return y.astype(x.dtype), mean.reshape(-1), rstd.reshape(-1), var.reshape(-1)
+
+
+def _bn_eval(x, w, b, running_mean, running_var, eps):
+    rstd = lax.rsqrt(_acc(running_var) + eps)
+    y = (_acc(x) - _channel(running_mean, x.ndim)) * _channel(rstd, x.ndim)
+    return _affine(y, w, b, _channel(jnp.zeros(x.shape[1]), x.ndim).shape).astype(x.dtype), rstd
+
+
+def _fit(aval, value):
+    """PyTorch returns empty tensors for statistics it did not compute; match the meta shape."""
+    return value if tuple(value.shape) == aval.shape else jnp.zeros(aval.shape, value.dtype)
+
+
+def _batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new_running_mean, new_running_var) of one batch-norm call."""
+    if training or running_mean is None:
+        y, mean, rstd, var = _bn_train(x, w, b, eps)
+        if running_mean is None:
+            return y, mean, rstd, None, None
+        n = x.size // x.shape[1]
+        new_mean = (1 - momentum) * running_mean + momentum * mean
+        new_var = (1 - momentum) * running_var + momentum * var * (n / max(n - 1, 1))
+        return y, mean, rstd, new_mean, new_var
+    y, rstd = _bn_eval(x, w, b, running_mean, running_var, eps)
+    return y, running_mean, rstd, running_mean, running_var
+
+
+@lowers(aten.native_batch_norm.default)
+def _native_batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+    y, mean, rstd, _, _ = _batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps)
+    return y, _fit(ctx.avals[1], mean), _fit(ctx.avals[2], rstd)
+
+
+@lowers(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_functional(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
+    y, mean, rstd, new_mean, new_var = _batch_norm(
+        ctx, x, w, b, running_mean, running_var, training, momentum, eps
+    )
+    return y, _fit(ctx.avals[1], mean), _fit(ctx.avals[2], rstd), new_mean, new_var
+
+
+@lowers(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_no_stats(ctx, x, w, b, training, momentum, eps):
+    y, mean, rstd, _ = _bn_train(x, w, b, eps)
+    return y, mean, rstd
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_no_training(ctx, x, w, b, running_mean, running_var, momentum, eps):
+    y, rstd = _bn_eval(x, w, b, running_mean, running_var, eps)
+    return y, _fit(ctx.avals[1], running_mean), _fit(ctx.avals[2], rstd)
+
+
+@lowers(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(ctx, x, w, b, running_mean, running_var, momentum, eps):
+    y, mean, rstd, new_mean, new_var = _batch_norm(ctx, x, w, b, running_mean, running_var, True, momentum, eps)
+    return y, mean, rstd, jnp.zeros(ctx.avals[3].shape, jnp.uint8), new_mean, new_var
+
+
+@lowers(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(ctx, x, w, b, running_mean, running_var, momentum, eps):
+    y, mean, rstd, _, _ = _batch_norm(ctx, x, w, b, running_mean, running_var, False, momentum, eps)
+    reserve = jnp.zeros(ctx.avals[3].shape, jnp.uint8)
+    return y, _fit(ctx.avals[1], mean), _fit(ctx.avals[2], rstd), reserve
+
+
+def _bn_backward(g, x, w, running_mean, running_var, train, eps, output_mask):
+    c = x.shape[1]
+    b = jnp.zeros((c,), g.dtype) if output_mask[2] else None
+    if train or running_mean is None:
+        f = lambda x, w, b: _bn_train(x, w, b, eps)[0]  # noqa: E731
+    else:
+        f = lambda x, w, b: _bn_eval(x, w, b, running_mean, running_var, eps)[0]  # noqa: E731
+    return _vjp(f, (x, w, b), g, output_mask)
+
+
+@lowers(aten.native_batch_norm_backward.default)
+def _native_batch_norm_backward(ctx, g, x, w, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+    return _bn_backward(g, x, w, running_mean, running_var, train, eps, mask)
+
+
+@lowers(aten.batch_norm_backward.default)
+def _batch_norm_backward(ctx, g, x, w, running_mean, running_var, save_mean, save_var, update, eps, mask, reserve):
+    return _bn_backward(g, x, w, running_mean, running_var, update, eps, mask)
+
+
+# ---- softmax ----
+
+
+def _on_dim(fn, x, dim):
+    """Apply ``fn(x, axis)``; PyTorch allows dim 0/-1 on 0-d tensors."""
+    if x.ndim == 0:
+        return fn(x.reshape(1), 0).reshape(())
+    return fn(x, dim)
+
+
+@lowers(aten._softmax.default)
+def _softmax(ctx, x, dim, half_to_float):
+    return _on_dim(jax.nn.softmax, _acc(x), dim)
+
+
+@lowers(aten._log_softmax.default)
+def _log_softmax(ctx, x, dim, half_to_float):
+    return _on_dim(jax.nn.log_softmax, _acc(x), dim)
+
+
+@lowers(aten._safe_softmax.default)
+def _safe_softmax(ctx, x, dim, dtype=None):
+    # rows that are all -inf (fully masked attention) give 0 instead of NaN
+    x = _acc(x if dtype is None else x.astype(ctx.dtype))
+
+    def safe(x, axis):
+        masked = jnp.all(x == -jnp.inf, axis, keepdims=True)
+        return jnp.where(masked, 0, jax.nn.softmax(x, axis))
+
+    return _on_dim(safe, x, dim)
+
+
+@lowers(aten._softmax_backward_data.default)
+def _softmax_backward_data(ctx, g, y, dim, input_dtype):
+    gy = _acc(g) * _acc(y)
+    return _on_dim(lambda gy, axis: gy - _acc(y).reshape(gy.shape) * gy.sum(axis, keepdims=True), gy, dim)
+
+
+@lowers(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(ctx, g, y, dim, input_dtype):
+    g, y = _acc(g), _acc(y)
+    return _on_dim(lambda g, axis: g - jnp.exp(y).reshape(g.shape) * g.sum(axis, keepdims=True), g, dim)
+
+
+# ---- losses ----
+
+
+def _nll_terms(x, target, weight, ignore_index):
+    """Per-element class dim, safe target and weight (0 where ignored)."""
+    cdim = 0 if x.ndim == 1 else 1
+    valid = target != ignore_index
+    t = jnp.where(valid, target, 0)
+    w = jnp.ones(t.shape, x.dtype) if weight is None else weight[t].astype(x.dtype)
+    return cdim, t, jnp.where(valid, w, 0)
+
+
+def _nll_forward(ctx, x, target, weight, reduction, ignore_index):
+    cdim, t, w = _nll_terms(x, target, weight, ignore_index)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(t, cdim), cdim).squeeze(cdim)
+    loss = -picked * w
+    total = w.sum()
+    out = (loss, loss.sum() / total, loss.sum())[reduction]
+    return out, total
+
+
+def _nll_backward(ctx, g, x, target, weight, reduction, ignore_index, total_weight):
+    cdim, t, w = _nll_terms(x, target, weight, ignore_index)
+    scale = -w * (g / total_weight if reduction == 1 else g)
+    onehot = lax.broadcasted_iota(t.dtype, x.shape, cdim) == jnp.expand_dims(t, cdim)
+    return jnp.where(onehot, jnp.expand_dims(scale, cdim), 0)
+
+
+lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)(_nll_forward)
+lowers(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_backward)
+
+
+def _loss_rows(forward, grad):
+    """Register ``forward(x, t, *extra) -> elementwise loss`` and its backward as a loss op pair."""
+
+    def fwd(ctx, x, t, reduction=1, *extra):
+        return _reduce(forward(x, t, *extra), reduction)
+
+    def bwd(ctx, g, x, t, reduction, *extra):
+        return _reduce_grad(g, x.size, reduction) * grad(x, t, *extra)
+
+    return fwd, bwd
+
+
+_mse = _loss_rows(lambda x, t: jnp.square(x - t), lambda x, t: 2 * (x - t))
+
+
+def _smooth_l1(x, t, beta):
+    d = jnp.abs(x - t)
+    return jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta) if beta > 0 else d
+
+
+def _smooth_l1_grad(x, t, beta):
+    d = x - t
+    return jnp.where(jnp.abs(d) < beta, d / beta, jnp.sign(d)) if beta > 0 else jnp.sign(d)
+
+
+def _huber(x, t, delta):
+    d = jnp.abs(x - t)
+    return jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+
+
+_smooth = _loss_rows(_smooth_l1, _smooth_l1_grad)
+_hub = _loss_rows(_huber, lambda x, t, delta: jnp.clip(x - t, -delta, delta))
+
+lowers(aten.mse_loss.default)(_mse[0])
+lowers(aten.mse_loss_backward.default)(_mse[1])
+lowers(aten.smooth_l1_loss.default)(_smooth[0])
+lowers(aten.smooth_l1_loss_backward.default)(_smooth[1])
+lowers(aten.huber_loss.default)(_hub[0])
+lowers(aten.huber_loss_backward.default)(_hub[1])
+
+
+@lowers(aten.binary_cross_entropy.default)
+def _bce(ctx, x, t, weight=None, reduction=1):
+    loss = -(t * jnp.maximum(jnp.log(x), -100) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100))
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+@lowers(aten.binary_cross_entropy_backward.default)
+def _bce_backward(ctx, g, x, t, weight=None, reduction=1):
+    grad = (x - t) / jnp.maximum((1 - x) * x, 1e-12)
+    grad = grad if weight is None else grad * weight
+    return _reduce_grad(g, x.size, reduction) * grad
+
+
+@lowers(aten.binary_cross_entropy_with_logits.default)
+def _bce_logits(ctx, x, t, weight=None, pos_weight=None, reduction=1):
+    softplus_neg = jnp.logaddexp(0, -x)  # log(1 + exp(-x)), stable
+    log_weight = 1 if pos_weight is None else (pos_weight - 1) * t + 1
+    loss = (1 - t) * x + log_weight * softplus_neg
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+# ---- activation gradients, dropout ----
+
+
+def _gelu(ctx, x, *, approximate="none"):
+    return jax_gelu(_acc(x), approximate)
+
+
+def _gelu_backward(ctx, g, x, *, approximate="none"):
+    return _vjp(lambda x: jax_gelu(x, approximate), (_acc(x),), _acc(g), (True,))[0]
+
+
+lowers(aten.gelu.default)(_gelu)
+lowers(aten.gelu_backward.default)(_gelu_backward)
+
+
+@lowers(aten.threshold_backward.default)
+def _threshold_backward(ctx, g, x, threshold):
+    return jnp.where(x <= threshold, 0, g)
+
+
+@lowers(aten.sigmoid_backward.default)
+def _sigmoid_backward(ctx, g, y):
+    return g * (1 - y) * y
+
+
+@lowers(aten.tanh_backward.default)
+def _tanh_backward(ctx, g, y):
+    return g * (1 - y * y)
+
+
+@lowers(aten.silu_backward.default)
+def _silu_backward(ctx, g, x):
+    s = jax.nn.sigmoid(_acc(x))
+    return _acc(g) * s * (1 + _acc(x) * (1 - s))
+
+
+@lowers(aten.native_dropout.default, random=True)
+def _native_dropout(ctx, x, p, train):
+    if train is False:
+        return x, jnp.ones(x.shape, bool)
+    keep = jax.random.uniform(ctx.key, x.shape, jnp.float32) >= p
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), 0), keep
+
+
+@lowers(aten.native_dropout_backward.default)
+def _native_dropout_backward(ctx, g, mask, scale):
+    return jnp.where(mask, g * jnp.asarray(scale, g.dtype), 0)

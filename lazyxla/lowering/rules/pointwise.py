@@ -1,1 +1,514 @@
-"""Lowering rules: pointwise ops."""
+"""Lowering rules: pointwise ops (arithmetic, math functions, comparisons, activations) and fills.
+
+PyTorch computes a pointwise op in the operands' common dtype. Where that is the output dtype
+(arithmetic), rules cast their operands to ``ctx.dtype``; where it is not (comparisons), they
+compute it with ``common_dtype``. jax's own promotion differs from PyTorch's (int64 + float32 is
+float64 in jax), so no rule leaves promotion to jax.
+"""
+
+from __future__ import annotations
+
+import functools
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from lazyxla.device.runtime import np_dtype, torch_dtype
+from lazyxla.lowering.registry import lowers
+
+aten = torch.ops.aten
+
+
+def _as(x, dt):
+    """An operand (array or Python number) as an array of dtype ``dt``."""
+    return jnp.asarray(x, dt)
+
+
+@functools.cache
+def _common_of(spec: tuple) -> np.dtype:
+    operands = [
+        s if isinstance(s, (bool, int, float, complex)) else torch.empty((1,) * s[0], dtype=s[1], device="meta")
+        for s in spec
+    ]
+    _, result = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return np_dtype(result)
+
+
+def common_dtype(*xs) -> np.dtype:
+    """PyTorch's common dtype of ``xs``: arrays count as tensors (0-d ones as 0-d tensors), numbers as numbers."""
+    spec = tuple(
+        (min(x.ndim, 1), torch_dtype(x.dtype)) if hasattr(x, "dtype") else type(x)(0) for x in xs if x is not None
+    )
+    return _common_of(spec)
+
+
+def _scaled(b, alpha, dt):
+    b = _as(b, dt)
+    return b if isinstance(alpha, (int, float)) and alpha == 1 else b * _as(alpha, dt)
+
+
+# ---- generic rules: partial over a jax function ----
+
+
+def _unary(f, ctx, x):
+    return f(x.astype(ctx.dtype))
+
+
+def _predicate(f, ctx, x):
+    return f(x)
+
+
+def _binary(f, ctx, a, b):
+    dt = ctx.dtype
+    return f(_as(a, dt), _as(b, dt))
+
+
+def _compare(f, ctx, a, b):
+    dt = common_dtype(a, b)
+    return f(_as(a, dt), _as(b, dt))
+
+
+def _truth(x):
+    return x if x.dtype == np.bool_ else x != 0
+
+
+def _logical(f, ctx, a, b):
+    return f(_truth(a), _truth(b))
+
+
+# ---- arithmetic ----
+
+
+def _add(ctx, a, b, alpha=1):
+    return _as(a, ctx.dtype) + _scaled(b, alpha, ctx.dtype)
+
+
+def _sub(ctx, a, b, alpha=1):
+    return _as(a, ctx.dtype) - _scaled(b, alpha, ctx.dtype)
+
+
+def _rsub(ctx, a, b, alpha=1):
+    return _as(b, ctx.dtype) - _scaled(a, alpha, ctx.dtype)
+
+
+def _div_trunc(a, b):
+    return lax.div(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else jnp.trunc(a / b)
+
+
+def _div_floor(a, b):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        return jnp.floor_divide(a, b)
+    # PyTorch's div_floor_floating, step by step (Python's float floor division)
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    floor = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floor)
+    return jnp.where(b == 0, a / b, floor)
+
+
+_DIV_MODES = {None: jnp.true_divide, "trunc": _div_trunc, "floor": _div_floor}
+
+
+def _div(ctx, a, b, rounding_mode=None):
+    return _binary(_DIV_MODES[rounding_mode], ctx, a, b)
+
+
+def _int_pow(a, b):
+    # PyTorch's integer powers with negative exponents: 1 and -1 keep their magnitude, the rest give 0
+    p = jnp.power(a, jnp.maximum(b, 0))
+    odd = (b & 1).astype(np.bool_)
+    tiny = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(odd, -1, 1), 0)).astype(a.dtype)
+    return jnp.where(b < 0, tiny, p)
+
+
+def _pow(ctx, a, b):
+    # a Python int exponent stays static: lax.integer_pow is exact, as PyTorch's integer powers are
+    if type(b) is int:
+        return jnp.power(_as(a, ctx.dtype), b)
+    a, b = _as(a, ctx.dtype), _as(b, ctx.dtype)
+    return _int_pow(a, b) if jnp.issubdtype(ctx.dtype, jnp.integer) else jnp.power(a, b)
+
+
+def _round_decimals(ctx, x, decimals=0):
+    x = x.astype(ctx.dtype)
+    if decimals >= 0:
+        scale = _as(10.0**decimals, ctx.dtype)
+        return jnp.round(x * scale) / scale
+    scale = _as(10.0**-decimals, ctx.dtype)
+    return jnp.round(x / scale) * scale
+
+
+def _sign(x):
+    # PyTorch's (0 < x) - (x < 0): NaN has sign 0
+    return x if x.dtype == np.bool_ else (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _frac(x):
+    return x - jnp.trunc(x)
+
+
+def _square(x):
+    return x * x
+
+
+for op, f in [
+    (aten.add.Tensor, _add),
+    (aten.add.Scalar, _add),
+    (aten.sub.Tensor, _sub),
+    (aten.sub.Scalar, _sub),
+    (aten.rsub.Tensor, _rsub),
+    (aten.rsub.Scalar, _rsub),
+    (aten.div.Tensor, _div),
+    (aten.div.Scalar, _div),
+    (aten.div.Tensor_mode, _div),
+    (aten.div.Scalar_mode, _div),
+    (aten.pow.Tensor_Tensor, _pow),
+    (aten.pow.Tensor_Scalar, _pow),
+    (aten.pow.Scalar, _pow),
+    (aten.round.decimals, _round_decimals),
+]:
+    lowers(op)(f)
+
+for op, f in [
+    (aten.mul.Tensor, jnp.multiply),
+    (aten.mul.Scalar, jnp.multiply),
+    (aten.floor_divide.default, _div_floor),
+    (aten.floor_divide.Scalar, _div_floor),
+    (aten.true_divide.Tensor, jnp.true_divide),
+    (aten.true_divide.Scalar, jnp.true_divide),
+    (aten.remainder.Tensor, jnp.remainder),
+    (aten.remainder.Scalar, jnp.remainder),
+    (aten.remainder.Scalar_Tensor, jnp.remainder),
+    (aten.fmod.Tensor, jnp.fmod),
+    (aten.fmod.Scalar, jnp.fmod),
+    (aten.atan2.default, jnp.arctan2),
+    (aten.minimum.default, jnp.minimum),
+    (aten.maximum.default, jnp.maximum),
+    (aten.fmin.default, jnp.fmin),
+    (aten.fmax.default, jnp.fmax),
+    (aten.hypot.default, jnp.hypot),
+    (aten.copysign.Tensor, jnp.copysign),
+    (aten.copysign.Scalar, jnp.copysign),
+    (aten.nextafter.default, jnp.nextafter),
+    (aten.logaddexp.default, jnp.logaddexp),
+    (aten.logaddexp2.default, jnp.logaddexp2),
+    (aten.bitwise_and.Tensor, jnp.bitwise_and),
+    (aten.bitwise_and.Scalar, jnp.bitwise_and),
+    (aten.bitwise_and.Scalar_Tensor, jnp.bitwise_and),
+    (aten.bitwise_or.Tensor, jnp.bitwise_or),
+    (aten.bitwise_or.Scalar, jnp.bitwise_or),
+    (aten.bitwise_or.Scalar_Tensor, jnp.bitwise_or),
+    (aten.bitwise_xor.Tensor, jnp.bitwise_xor),
+    (aten.bitwise_xor.Scalar, jnp.bitwise_xor),
+    (aten.bitwise_xor.Scalar_Tensor, jnp.bitwise_xor),
+    (aten.bitwise_left_shift.Tensor, jnp.left_shift),
+    (aten.bitwise_left_shift.Tensor_Scalar, jnp.left_shift),
+    (aten.bitwise_left_shift.Scalar_Tensor, jnp.left_shift),
+    (aten.bitwise_right_shift.Tensor, jnp.right_shift),
+    (aten.bitwise_right_shift.Tensor_Scalar, jnp.right_shift),
+    (aten.bitwise_right_shift.Scalar_Tensor, jnp.right_shift),
+    (aten.__lshift__.Tensor, jnp.left_shift),
+    (aten.__lshift__.Scalar, jnp.left_shift),
+    (aten.__rshift__.Tensor, jnp.right_shift),
+    (aten.__rshift__.Scalar, jnp.right_shift),
+]:
+    lowers(op)(partial(_binary, f))
+
+# ---- unary math: computed in the output dtype (an int input of sin is computed as float) ----
+
+for op, f in [
+    (aten.neg.default, jnp.negative),
+    (aten.positive.default, jnp.positive),
+    (aten.abs.default, jnp.abs),
+    (aten.sign.default, _sign),
+    (aten.sgn.default, _sign),
+    (aten.exp.default, jnp.exp),
+    (aten.exp2.default, jnp.exp2),
+    (aten.expm1.default, jnp.expm1),
+    (aten.log.default, jnp.log),
+    (aten.log2.default, jnp.log2),
+    (aten.log10.default, jnp.log10),
+    (aten.log1p.default, jnp.log1p),
+    (aten.sqrt.default, jnp.sqrt),
+    (aten.rsqrt.default, lax.rsqrt),
+    (aten.reciprocal.default, jnp.reciprocal),
+    (aten.square.default, _square),
+    (aten.sin.default, jnp.sin),
+    (aten.cos.default, jnp.cos),
+    (aten.tan.default, jnp.tan),
+    (aten.asin.default, jnp.arcsin),
+    (aten.acos.default, jnp.arccos),
+    (aten.atan.default, jnp.arctan),
+    (aten.sinh.default, jnp.sinh),
+    (aten.cosh.default, jnp.cosh),
+    (aten.tanh.default, jnp.tanh),
+    (aten.asinh.default, jnp.arcsinh),
+    (aten.acosh.default, jnp.arccosh),
+    (aten.atanh.default, jnp.arctanh),
+    (aten.sigmoid.default, jax.nn.sigmoid),
+    (aten.erf.default, jax.scipy.special.erf),
+    (aten.erfc.default, jax.scipy.special.erfc),
+    (aten.erfinv.default, jax.scipy.special.erfinv),
+    (aten.lgamma.default, jax.scipy.special.gammaln),
+    (aten.digamma.default, jax.scipy.special.digamma),
+    (aten.i0.default, jax.scipy.special.i0),
+    (aten.sinc.default, jnp.sinc),
+    (aten.deg2rad.default, jnp.deg2rad),
+    (aten.rad2deg.default, jnp.rad2deg),
+    (aten.floor.default, jnp.floor),
+    (aten.ceil.default, jnp.ceil),
+    (aten.round.default, jnp.round),
+    (aten.trunc.default, jnp.trunc),
+    (aten.frac.default, _frac),
+    (aten.bitwise_not.default, jnp.bitwise_not),
+]:
+    lowers(op)(partial(_unary, f))
+
+# ---- predicates: on the input as it is ----
+
+for op, f in [
+    (aten.isnan.default, jnp.isnan),
+    (aten.isinf.default, jnp.isinf),
+    (aten.isfinite.default, jnp.isfinite),
+    (aten.isposinf.default, jnp.isposinf),
+    (aten.isneginf.default, jnp.isneginf),
+    (aten.signbit.default, jnp.signbit),
+    (aten.logical_not.default, jnp.logical_not),
+]:
+    lowers(op)(partial(_predicate, f))
+
+for op, f in [
+    (aten.eq.Tensor, jnp.equal),
+    (aten.eq.Scalar, jnp.equal),
+    (aten.ne.Tensor, jnp.not_equal),
+    (aten.ne.Scalar, jnp.not_equal),
+    (aten.lt.Tensor, jnp.less),
+    (aten.lt.Scalar, jnp.less),
+    (aten.le.Tensor, jnp.less_equal),
+    (aten.le.Scalar, jnp.less_equal),
+    (aten.gt.Tensor, jnp.greater),
+    (aten.gt.Scalar, jnp.greater),
+    (aten.ge.Tensor, jnp.greater_equal),
+    (aten.ge.Scalar, jnp.greater_equal),
+]:
+    lowers(op)(partial(_compare, f))
+
+for op, f in [
+    (aten.logical_and.default, jnp.logical_and),
+    (aten.logical_or.default, jnp.logical_or),
+    (aten.logical_xor.default, jnp.logical_xor),
+]:
+    lowers(op)(partial(_logical, f))
+
+
+# ---- selection, clamping, special cases ----
+
+
+@lowers(aten.where.self)
+def _where(ctx, cond, a, b):
+    return jnp.where(cond.astype(np.bool_), _as(a, ctx.dtype), _as(b, ctx.dtype))
+
+
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx, x, mask, value):
+    return jnp.where(mask, _as(value, ctx.dtype), x.astype(ctx.dtype))
+
+
+@lowers(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(ctx, x, min=None, max=None):
+    x = x.astype(ctx.dtype)
+    if min is not None:
+        x = jnp.maximum(x, _as(min, ctx.dtype))
+    if max is not None:
+        x = jnp.minimum(x, _as(max, ctx.dtype))
+    return x
+
+
+@lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(ctx, x, min):
+    return _clamp(ctx, x, min=min)
+
+
+@lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(ctx, x, max):
+    return _clamp(ctx, x, max=max)
+
+
+@lowers(aten.nan_to_num.default)
+def _nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@lowers(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(ctx, a, b, weight):
+    dt = ctx.dtype
+    a, b, w = _as(a, dt), _as(b, dt), _as(weight, dt)
+    d = b - a
+    # PyTorch's formula: exact at both ends
+    return jnp.where(jnp.abs(w) < 0.5, a + w * d, b - d * (1 - w))
+
+
+@lowers(aten.addcmul.default)
+def _addcmul(ctx, x, t1, t2, value=1):
+    dt = ctx.dtype
+    return _as(x, dt) + _scaled(t1, value, dt) * _as(t2, dt)
+
+
+@lowers(aten.addcdiv.default)
+def _addcdiv(ctx, x, t1, t2, value=1):
+    dt = ctx.dtype
+    return _as(x, dt) + _scaled(t1, value, dt) / _as(t2, dt)
+
+
+@lowers(aten.heaviside.default)
+def _heaviside(ctx, x, values):
+    dt = ctx.dtype
+    x = _as(x, dt)
+    return jnp.where(x == 0, _as(values, dt), (x > 0).astype(dt))
+
+
+@lowers(aten.logit.default)
+def _logit(ctx, x, eps=None):
+    x = x.astype(ctx.dtype)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lowers(aten.polygamma.default)
+def _polygamma(ctx, n, x):
+    return jax.scipy.special.polygamma(n, x.astype(ctx.dtype))
+
+
+# ---- activations ----
+
+
+def _relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+def _silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+def _mish(x):
+    return x * jnp.tanh(jnp.logaddexp(x, 0))
+
+
+def _hardsigmoid(x):
+    return jnp.clip(x + 3, 0, 6) / 6
+
+
+def _hardswish(x):
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+for op, f in [
+    (aten.relu.default, _relu),
+    (aten.silu.default, _silu),
+    (aten.mish.default, _mish),
+    (aten.hardsigmoid.default, _hardsigmoid),
+    (aten.hardswish.default, _hardswish),
+]:
+    lowers(op)(partial(_unary, f))
+
+
+@lowers(aten.leaky_relu.default)
+def _leaky_relu(ctx, x, negative_slope=0.01):
+    x = x.astype(ctx.dtype)
+    return jnp.where(x > 0, x, x * _as(negative_slope, ctx.dtype))
+
+
+@lowers(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1, max_val=1):
+    return _clamp(ctx, x, min_val, max_val)
+
+
+@lowers(aten.softplus.default)
+def _softplus(ctx, x, beta=1, threshold=20):
+    dt = ctx.dtype
+    x = x.astype(dt)
+    bx = x * _as(beta, dt)
+    return jnp.where(bx > _as(threshold, dt), x, jnp.log1p(jnp.exp(bx)) / _as(beta, dt))
+
+
+@lowers(aten.elu.default)
+def _elu(ctx, x, alpha=1, scale=1, input_scale=1):
+    dt = ctx.dtype
+    x = x.astype(dt)
+    neg = jnp.expm1(x * _as(input_scale, dt)) * (_as(alpha, dt) * _as(scale, dt))
+    return jnp.where(x > 0, x * _as(scale, dt), neg)
+
+
+@lowers(aten.threshold.default)
+def _threshold(ctx, x, threshold, value):
+    dt = ctx.dtype
+    x = x.astype(dt)
+    return jnp.where(x <= _as(threshold, dt), _as(value, dt), x)
+
+
+# ---- fills and factories ----
+
+
+@lowers(aten.fill.Scalar, aten.fill.Tensor, aten.full_like.default)
+def _fill(ctx, x, value, **_):
+    return jnp.broadcast_to(_as(value, ctx.dtype), ctx.shape)
+
+
+@lowers(aten.full.default)
+def _full(ctx, size, value, **_):
+    return jnp.broadcast_to(_as(value, ctx.dtype), ctx.shape)
+
+
+@lowers(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, value, **_):
+    return _as(value, ctx.dtype)
+
+
+def _const(value, ctx, *_, **__):
+    return jnp.full(ctx.shape, value, ctx.dtype)
+
+
+for op, value in [
+    (aten.zero.default, 0),
+    (aten.zeros_like.default, 0),
+    (aten.empty_like.default, 0),
+    (aten.new_empty_strided.default, 0),
+    (aten.ones_like.default, 1),
+]:
+    lowers(op)(partial(_const, value))
+
+
+def _wide(dt: np.dtype) -> np.dtype:
+    """The dtype PyTorch's CPU kernels compute ranges in: double for floats, int64 for integers."""
+    return np.dtype(np.float64) if jnp.issubdtype(dt, jnp.inexact) else np.dtype(np.int64)
+
+
+@lowers(aten.arange.start_step, aten.arange.start)
+def _arange(ctx, start, end, step=1, **_):
+    wide = _wide(ctx.dtype)
+    return _as(start, wide) + jnp.arange(ctx.shape[0], dtype=wide) * _as(step, wide)
+
+
+@lowers(aten.arange.default)
+def _arange_end(ctx, end, **_):
+    return _arange(ctx, 0, end)
+
+
+@lowers(aten.linspace.default)
+def _linspace(ctx, start, end, steps, **_):
+    # PyTorch's CPU kernel: from the start for the first half, from the end for the second
+    ct = ctx.dtype if jnp.issubdtype(ctx.dtype, jnp.inexact) else np.dtype(np.float64)
+    if steps == 1:
+        return jnp.full((1,), start, ct)
+    start, end = _as(start, ct), _as(end, ct)
+    step = (end - start) / (steps - 1)
+    i = jnp.arange(steps)
+    return jnp.where(i < steps // 2, start + step * i.astype(ct), end - step * (steps - 1 - i).astype(ct))

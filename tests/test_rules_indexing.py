@@ -1,0 +1,142 @@
+"""Indexing ops (rules/indexing.py) against CPU eager: advanced indexing, gather/scatter, embedding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyxla
+from lazyxla.lowering.registry import RULES
+from tests.util import check
+
+_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".indexing")}
+# a read through a boolean mask (also in the gradient of a masked write) has a data-dependent shape:
+# PyTorch's meta kernel refuses it, so it runs on the CPU
+_MAY_FALL_BACK = {"fallback.aten.index.Tensor"}
+
+
+@pytest.fixture(autouse=True)
+def _lowered_not_fallen_back(request):
+    yield
+    allowed = _MAY_FALL_BACK if "mask" in request.node.name else set()
+    fell = sorted(k for k in lazyxla.metrics.counters() if k in _FAMILY - allowed)
+    assert not fell, f"ops with an indexing rule ran on the CPU: {fell}"
+
+
+def _x(*shape, dtype=torch.float32):
+    torch.manual_seed(sum(shape))
+    return torch.randn(shape).to(dtype).requires_grad_(dtype.is_floating_point)
+
+
+def _i(*values):
+    return torch.tensor(values)
+
+
+_MASK = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, False]])
+
+
+def _setitem(*key, value=None):
+    """``x[key] = v``; tensors in ``key`` are the case's inputs after ``x`` (``...``), ``v`` the last."""
+
+    def fn(x, *rest):
+        tensors = iter(rest)
+        k = tuple(next(tensors) if e is ... else e for e in key)
+        x = x.clone()
+        x[k] = next(tensors, value)
+        return x
+
+    return fn
+
+
+def _index_put_acc(x, i, v):
+    return x.clone().index_put_((i,), v, accumulate=True)
+
+
+# name -> (fn, inputs); every case also checks the gradient where its inputs require one
+CASES = {
+    "index_list": (lambda x: x[:, [0, 2]], [_x(3, 4, 5)]),
+    "index_tensor": (lambda x, i: x[i], [_x(3, 4, 5), _i(2, 0, 2)]),
+    "index_negative": (lambda x: x[[-1, 0]], [_x(3, 4)]),
+    "index_2d": (lambda x, i: x[:, i], [_x(3, 4, 5), _i([0, 1], [3, 3])]),
+    "index_pair": (lambda x: x[[0, 2], :, [1, 4]], [_x(3, 4, 5)]),
+    "index_broadcast": (lambda x, i, j: x[i, j], [_x(3, 4), _i([0], [2]), _i(1, 3, 0)]),
+    "index_none_ellipsis": (lambda x, i: x[None, ..., i], [_x(3, 4, 5), _i(4, 0)]),
+    "index_slice_mix": (lambda x, i: x[i, 1:3], [_x(3, 4, 5), _i(1, 1)]),
+    "mask_read": (lambda x, m: x[m], [_x(3, 4, 5), _MASK]),
+    "mask_read_where": (lambda x: x[x > 0.5], [_x(3, 4)]),
+    "setitem_tensor": (_setitem(...), [_x(3, 4), _i(0, 2), _x(2, 4)]),
+    "setitem_scalar": (_setitem(..., value=2.5), [_x(3, 4), _i(2, 0)]),
+    "setitem_pair": (_setitem(..., ...), [_x(3, 4), _i(0, 2), _i(3, 1), _x(2)]),
+    "setitem_cols": (_setitem(slice(None), [1, 3]), [_x(3, 4, 5), _x(3, 2, 5)]),
+    "setitem_mask_scalar": (_setitem(..., value=0.0), [_x(3, 4), _MASK]),
+    "setitem_mask_values": (_setitem(...), [_x(3, 4), _MASK, _x(6)]),
+    "setitem_mask_rows": (_setitem(...), [_x(3, 4, 2), _MASK, _x(6, 2)]),
+    "setitem_mask_bcast": (_setitem(...), [_x(3, 4, 2), _MASK, _x(2)]),
+    "setitem_mask_inner": (_setitem(slice(None), ...), [_x(2, 4), _MASK[0], _x(2, 3)]),
+    "index_put_accumulate": (_index_put_acc, [_x(3, 4), _i(0, 2, 0, 1), _x(4, 4)]),
+    "index_select": (lambda x, i: x.index_select(1, i), [_x(3, 4, 5), _i(3, 0, 3)]),
+    "index_select_neg_dim": (lambda x, i: x.index_select(-1, i), [_x(3, 4, 5), _i(4, 0)]),
+    "index_select_0d": (lambda x, i: x.index_select(0, i), [_x(3, 4), torch.tensor(1)]),
+    "take": (lambda x, i: x.take(i), [_x(3, 4), _i([0, 11], [5, -1])]),
+    "take_along_dim": (lambda x, i: torch.take_along_dim(x, i, 1), [_x(3, 4), _i([0, 3], [1, 1], [2, 0])]),
+    "gather": (lambda x, i: x.gather(1, i), [_x(3, 4), _i([0, 3], [1, 1], [2, 0])]),
+    "gather_smaller": (lambda x, i: x.gather(0, i), [_x(3, 4, 5), _i([[0, 2]], [[1, 1]])]),
+    "gather_0d": (lambda x, i: x.gather(0, i), [_x(), torch.tensor(0)]),
+    "scatter_src": (lambda x, i, s: x.scatter(1, i, s), [_x(3, 4), _i([0, 3], [1, 2], [2, 0]), _x(3, 2)]),
+    "scatter_src_larger": (lambda x, i, s: x.scatter(0, i, s), [_x(3, 4), _i([2, 0, 1]), _x(4, 5).detach()]),
+    "scatter_neg_dim": (lambda x, i, s: x.scatter(-1, i, s), [_x(3, 4), _i([0, 3], [1, 2], [2, 0]), _x(3, 2)]),
+    "unsafe_index": (lambda x, i: torch.ops.aten._unsafe_index(x, [None, i]), [_x(3, 4), _i(3, 3, 0)]),
+    "unsafe_index_put": (
+        lambda x, i, v: torch.ops.aten._unsafe_index_put(x, [i], v, True),
+        [_x(3, 4), _i(2, 2), _x(2, 4)],
+    ),
+    "scatter_value": (lambda x, i: x.scatter(1, i, -2.0), [_x(3, 4), _i([0, 3], [1, 2], [2, 0])]),
+    "scatter_add": (lambda x, i, s: x.scatter_add(1, i, s), [_x(3, 4), _i([0, 0, 3], [1, 1, 1], [2, 0, 2]), _x(3, 3)]),
+    "scatter_add_": (lambda x, i, s: x.clone().scatter_add_(0, i, s), [_x(3, 4), _i([0, 2, 2, 0]), _x(1, 4)]),
+    "scatter_reduce_add": (
+        lambda x, i, s: x.scatter(1, i, s, reduce="add"),
+        [_x(3, 4).detach(), _i([0, 0], [1, 1], [3, 0]), _x(3, 2).detach()],
+    ),
+    "scatter_reduce_mul": (
+        lambda x, i: x.scatter(1, i, 3.0, reduce="multiply"),
+        [_x(3, 4).detach(), _i([0, 0], [1, 1], [3, 0])],
+    ),
+    "index_add": (lambda x, i, s: x.index_add(0, i, s, alpha=2), [_x(3, 4), _i(0, 2, 0), _x(3, 4)]),
+    "index_add_dim1": (lambda x, i, s: x.index_add(1, i, s), [_x(3, 4, 2), _i(3, 3), _x(3, 2, 2)]),
+    "index_copy": (lambda x, i, s: x.index_copy(1, i, s), [_x(3, 4), _i(3, 0), _x(3, 2)]),
+    "index_fill": (lambda x, i: x.index_fill(1, i, -1.5), [_x(3, 4), _i(3, 0)]),
+    "index_fill_tensor": (lambda x, i: x.index_fill(0, i, torch.tensor(7.0)), [_x(3, 4), _i(1)]),
+    "masked_scatter": (lambda x, m, s: x.masked_scatter(m, s), [_x(3, 4), _MASK, _x(12)]),
+    "masked_scatter_bcast": (lambda x, m, s: x.masked_scatter(m[0], s), [_x(3, 4), _MASK, _x(3, 5)]),
+    "put": (lambda x, i, s: x.clone().put_(i, s), [_x(3, 4), _i(0, 11, 5), _x(3)]),
+    "put_accumulate": (lambda x, i, s: x.clone().put_(i, s, accumulate=True), [_x(3, 4), _i(1, 1, -1), _x(3)]),
+    "embedding": (lambda i, w: F.embedding(i, w), [_i([1, 2, 1], [0, 9, 1]), _x(10, 3)]),
+    "embedding_padding": (lambda i, w: F.embedding(i, w, padding_idx=1), [_i([1, 2, 1], [0, 9, 1]), _x(10, 3)]),
+    "embedding_freq": (lambda i, w: F.embedding(i, w, scale_grad_by_freq=True), [_i(1, 2, 1, 1, 5), _x(10, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_indexing(name):
+    fn, args = CASES[name]
+    check(fn, *args, grad=any(a.requires_grad for a in args))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter_reduce(reduce, include_self, dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(3, 5) * 10).to(dtype)
+    src = (torch.randn(3, 4) * 10).to(dtype)
+    index = _i([0, 0, 4, 1], [2, 2, 2, 2], [3, 0, 3, 0])  # duplicates, and columns nobody writes
+    check(lambda x, s: x.scatter_reduce(1, index.to(x.device), s, reduce, include_self=include_self), x, src)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self):
+    torch.manual_seed(0)
+    x, src = torch.randn(5, 3), torch.randn(4, 3)
+    check(lambda x, i, s: x.index_reduce(0, i, s, reduce, include_self=include_self), x, _i(0, 4, 0, 2), src)

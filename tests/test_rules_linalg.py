@@ -1,0 +1,93 @@
+"""Matrix products and linear algebra (rules/linalg.py) against CPU eager, with gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyxla
+from lazyxla.lowering.registry import RULES
+from tests.util import check
+
+_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if r.fn.__module__.endswith(".linalg")}
+
+
+@pytest.fixture(autouse=True)
+def _lowered_not_fallen_back():
+    yield
+    fell = sorted(k for k in lazyxla.metrics.counters() if k in _FAMILY)
+    assert not fell, f"ops with a linalg rule ran on the CPU: {fell}"
+
+
+def _r(*shape, grad=True, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
+
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4,)), ((3, 4), (4,)), ((4,), (2, 4, 3))],
+    ids=str,
+)
+def test_matmul(a, b):
+    check(torch.matmul, _r(*a), _r(*b, seed=1), grad=True, **TOL)
+
+
+def test_products():
+    check(torch.mm, _r(3, 4), _r(4, 2, seed=1), grad=True, **TOL)
+    check(torch.bmm, _r(2, 3, 4), _r(2, 4, 2, seed=1), grad=True, **TOL)
+    check(torch.mv, _r(3, 4), _r(4, seed=1), grad=True, **TOL)
+    check(torch.dot, _r(4), _r(4, seed=1), grad=True, **TOL)
+    check(torch.vdot, _r(4), _r(4, seed=1), **TOL)
+    check(torch.outer, _r(3), _r(4, seed=1), grad=True, **TOL)
+    check(lambda x, w, b: F.linear(x, w, b), _r(2, 3, 4), _r(5, 4, seed=1), _r(5, seed=2), grad=True, **TOL)
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1.5), (-1, -1)])
+def test_add_products(beta, alpha):
+    kw = dict(beta=beta, alpha=alpha)
+    check(lambda c, a, b: torch.addmm(c, a, b, **kw), _r(3, 2), _r(3, 4, seed=1), _r(4, 2, seed=2), grad=True, **TOL)
+    check(lambda c, a, b: torch.addmm(c, a, b, **kw), _r(2), _r(3, 4, seed=1), _r(4, 2, seed=2), grad=True, **TOL)
+    check(lambda c, a, b: torch.baddbmm(c, a, b, **kw), _r(2, 3, 2), _r(2, 3, 4, seed=1), _r(2, 4, 2, seed=2),
+          grad=True, **TOL)  # fmt: skip
+    check(lambda c, a, b: torch.addbmm(c, a, b, **kw), _r(3, 2), _r(2, 3, 4, seed=1), _r(2, 4, 2, seed=2),
+          grad=True, **TOL)  # fmt: skip
+    check(lambda c, a, b: torch.addmv(c, a, b, **kw), _r(3), _r(3, 4, seed=1), _r(4, seed=2), grad=True, **TOL)
+    check(lambda c, a, b: torch.addr(c, a, b, **kw), _r(3, 4), _r(3, seed=1), _r(4, seed=2), grad=True, **TOL)
+
+
+def test_addmm_beta_zero_ignores_nan():
+    c = torch.full((3, 2), float("nan"))
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0), c, _r(3, 4, seed=1), _r(4, 2, seed=2), **TOL)
+
+
+def _spd(n, seed=0):
+    a = _r(n, n, grad=False, seed=seed, dtype=torch.float64)
+    return (a @ a.T + n * torch.eye(n, dtype=torch.float64)).requires_grad_()
+
+
+def test_solvers_and_decompositions():
+    tol = dict(rtol=1e-6, atol=1e-8)
+    a = _spd(4)
+    check(torch.linalg.cholesky, a, grad=True, **tol)
+    check(lambda a: torch.linalg.cholesky(a, upper=True), a, **tol)
+    check(torch.linalg.inv, a, grad=True, **tol)
+    check(torch.linalg.det, _r(2, 3, 3, dtype=torch.float64), grad=True, **tol)
+    check(torch.linalg.slogdet, _r(3, 3, dtype=torch.float64), **tol)
+    check(lambda a: torch.linalg.eigvalsh(a), a, grad=True, **tol)
+    check(lambda a: torch.linalg.svdvals(a), _r(4, 3, dtype=torch.float64), grad=True, **tol)
+    lower = torch.tril(_spd(4, seed=1)).detach().requires_grad_()
+    b = _r(4, 2, dtype=torch.float64, seed=2)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=False), lower, b, grad=True, **tol)
+
+
+def test_qr_reconstructs():
+    a = _r(5, 3, grad=False, dtype=torch.float64)
+    q, r = torch.linalg.qr(a.to(lazyxla.device()))
+    torch.testing.assert_close((q @ r).cpu(), a)
+    torch.testing.assert_close((q.T @ q).cpu(), torch.eye(3, dtype=torch.float64))
+    assert torch.allclose(torch.triu(r).cpu(), r.cpu())

@@ -1,0 +1,285 @@
+"""NN ops (rules/nn.py) against CPU eager: convolution, pooling, normalization, softmax, losses, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyxla
+from lazyxla.lowering.registry import RULES
+from tests.util import check, to_dev
+
+_FAMILY = {
+    f"fallback.{op}"
+    for op, r in RULES.items()
+    if getattr(r.fn, "func", r.fn).__module__.rsplit(".", 1)[-1] in ("nn", "linalg", "random")
+}
+
+
+@pytest.fixture(autouse=True)
+def _lowered_not_fallen_back():
+    yield
+    fell = sorted(k for k in lazyxla.metrics.counters() if k in _FAMILY)
+    assert not fell, f"ops with an nn/linalg/random rule ran on the CPU: {fell}"
+
+
+def _r(*shape, grad=True, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
+
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+# ---- convolution ----
+
+CONVS = [
+    # (input shape, weight shape, kwargs, transposed)
+    ((2, 3, 9), (4, 3, 3), dict(stride=2, padding=1), False),
+    ((2, 4, 7, 8), (6, 2, 3, 2), dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2), False),
+    ((1, 3, 6, 6), (5, 3, 3, 3), dict(padding="same", dilation=2), False),
+    ((1, 2, 5, 6, 4), (3, 2, 2, 3, 2), dict(stride=(1, 2, 1), padding=1), False),
+    ((2, 4, 5, 5), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1, groups=2), True),
+    ((1, 3, 4, 5), (3, 2, 2, 3), dict(stride=(2, 3), dilation=(2, 1)), True),
+    ((1, 2, 5), (2, 3, 1), dict(padding=1), True),  # padding larger than the kernel's reach
+    ((1, 2, 3, 4, 3), (2, 2, 2, 2, 2), dict(stride=2), True),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kw,transposed", CONVS, ids=lambda v: str(v))
+@pytest.mark.parametrize("bias", [True, False])
+def test_convolution(x_shape, w_shape, kw, transposed, bias):
+    nd = len(x_shape) - 2
+    fn = getattr(F, f"conv_transpose{nd}d" if transposed else f"conv{nd}d")
+    out_ch = w_shape[1] * kw.get("groups", 1) if transposed else w_shape[0]
+    b = _r(out_ch, seed=3) if bias else None
+    check(lambda x, w, b: fn(x, w, b, **kw), _r(*x_shape), _r(*w_shape, seed=1), b, grad=True, **TOL)
+
+
+def test_convolution_weight_only_grad():
+    # output_mask: no input gradient asked for
+    x, w = _r(1, 2, 5, 5, grad=False), _r(3, 2, 3, 3)
+    check(lambda x, w: F.conv2d(x, w, padding=1), x, w, grad=True, **TOL)
+
+
+# ---- pooling ----
+
+MAX_POOLS = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2)),
+    dict(kernel_size=3, stride=2, ceil_mode=True),
+    dict(kernel_size=2, stride=2, padding=1, ceil_mode=True),
+]
+
+
+@pytest.mark.parametrize("kw", MAX_POOLS, ids=str)
+def test_max_pool2d(kw):
+    check(lambda x: F.max_pool2d(x, **kw), _r(2, 3, 7, 8), grad=True)
+    check(lambda x: F.max_pool2d(x, return_indices=True, **kw), _r(3, 7, 8, grad=False))
+
+
+def test_max_pool_1d_3d_and_ties():
+    check(lambda x: F.max_pool1d(x, 3, 2, 1), _r(2, 3, 9), grad=True)
+    check(lambda x: F.max_pool3d(x, 2, padding=1, return_indices=True), _r(1, 2, 4, 5, 3), grad=True)
+    # equal values: the gradient goes to the first maximum, as in PyTorch
+    check(lambda x: F.max_pool2d(x * 0, 2), _r(1, 1, 4, 4), grad=True)
+
+
+AVG_POOLS = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=(2, 3), stride=(1, 2), divisor_override=4),
+]
+
+
+@pytest.mark.parametrize("kw", AVG_POOLS, ids=str)
+def test_avg_pool2d(kw):
+    check(lambda x: F.avg_pool2d(x, **kw), _r(2, 3, 8, 7), grad=True)
+
+
+def test_avg_pool_1d_3d():
+    check(lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True), _r(2, 3, 8), grad=True)
+    check(lambda x: F.avg_pool3d(x, 2, stride=2, padding=1, count_include_pad=False), _r(1, 2, 4, 5, 3), grad=True)
+
+
+@pytest.mark.parametrize("size", [1, 2, (3, 2), 5, (7, 6)])
+def test_adaptive_avg_pool2d(size):
+    check(lambda x: F.adaptive_avg_pool2d(x, size), _r(2, 3, 6, 5), grad=True, **TOL)
+
+
+def test_adaptive_avg_pool_1d_3d():
+    check(lambda x: F.adaptive_avg_pool1d(x, 4), _r(2, 3, 10), grad=True, **TOL)
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 1)), _r(1, 2, 4, 5, 3), grad=True, **TOL)
+
+
+# ---- normalization ----
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 5), (2, 3, 2, 3, 2)])
+def test_batch_norm_train_updates_running_stats(shape):
+    c = shape[1]
+    mean, var = torch.rand(c), torch.rand(c) + 0.5
+    w, b = _r(c, seed=1), _r(c, seed=2)
+    x = _r(*shape) * 3 + 1
+
+    def fn(x, w, b, mean, var):
+        y = F.batch_norm(x, mean, var, w, b, training=True, momentum=0.2, eps=1e-3)
+        return y, mean, var  # the running statistics, updated in place
+
+    check(fn, x, w, b, mean, var, grad=True, **TOL)
+
+
+def test_batch_norm_eval_and_no_stats():
+    c = 3
+    mean, var = torch.rand(c), torch.rand(c) + 0.5
+    w, b = _r(c, seed=1), _r(c, seed=2)
+    check(lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, training=False), _r(2, c, 4, 4), w, b, mean, var,
+          grad=True, **TOL)  # fmt: skip
+    check(lambda x: F.batch_norm(x, None, None, training=True), _r(5, c, 2), grad=True, **TOL)
+    check(lambda x: F.instance_norm(x), _r(2, c, 4, 4), grad=True, **TOL)
+
+
+def test_batch_norm_module_buffers(dev):
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(4)
+    bn_dev = torch.nn.BatchNorm2d(4).to(dev)
+    x = _r(3, 4, 5, 5, grad=False)
+    for _ in range(3):
+        bn(x)
+        bn_dev(to_dev(x))
+    for name, ref in bn.state_dict().items():
+        torch.testing.assert_close(bn_dev.state_dict()[name].cpu(), ref, **TOL)
+    bn.eval(), bn_dev.eval()
+    torch.testing.assert_close(bn_dev(to_dev(x)).cpu(), bn(x), **TOL)
+
+
+@pytest.mark.parametrize("shape,norm", [((4, 6), (6,)), ((2, 3, 8), (8,)), ((2, 3, 4), (3, 4))])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(shape, norm, affine):
+    w, b = (_r(*norm, seed=1), _r(*norm, seed=2)) if affine else (None, None)
+    check(lambda x, w, b: F.layer_norm(x, norm, w, b, eps=1e-3), _r(*shape) * 2 + 1, w, b, grad=True, **TOL)
+
+
+def test_layer_norm_weight_without_bias():
+    check(lambda x, w: F.layer_norm(x, (5,), w), _r(3, 5), _r(5, seed=1), grad=True, **TOL)
+
+
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5), 3), ((2, 4, 3, 3), 2), ((3, 4, 2), 4)])
+def test_group_norm(shape, groups):
+    c = shape[1]
+    check(lambda x, w, b: F.group_norm(x, groups, w, b), _r(*shape), _r(c, seed=1), _r(c, seed=2), grad=True, **TOL)
+    check(lambda x: F.group_norm(x, groups), _r(*shape), grad=True, **TOL)
+
+
+def test_half_precision_norms():
+    tol = dict(rtol=2e-2, atol=2e-2)
+    x = _r(4, 8, dtype=torch.bfloat16)
+    check(lambda x: F.layer_norm(x, (8,)), x, grad=True, **tol)
+    check(lambda x: F.softmax(x, -1), x, grad=True, **tol)
+    check(lambda x: F.log_softmax(x, 0, dtype=torch.float32), x, grad=True, **tol)
+
+
+# ---- softmax, attention ----
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax(dim):
+    check(lambda x: F.softmax(x, dim), _r(3, 4, 5), grad=True, **TOL)
+    check(lambda x: F.log_softmax(x, dim), _r(3, 4, 5), grad=True, **TOL)
+
+
+def test_softmax_0d_and_masked_rows():
+    check(lambda x: F.softmax(x, 0), _r(), grad=True)
+    check(lambda x: F.log_softmax(x, -1), _r(), grad=True)
+    x = torch.tensor([[1.0, float("-inf")], [float("-inf"), float("-inf")]])
+    check(lambda x: torch.ops.aten._safe_softmax(x, -1), x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scaled_dot_product_attention(causal):
+    q, k, v = _r(2, 3, 5, 4), _r(2, 3, 5, 4, seed=1), _r(2, 3, 5, 4, seed=2)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, grad=True, **TOL)
+
+
+def test_scaled_dot_product_attention_masks():
+    q, k, v = _r(2, 4, 3), _r(2, 6, 3, seed=1), _r(2, 6, 5, seed=2)
+    bool_mask = torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    bool_mask[:, 0] = True
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask, grad=True,
+          **TOL)  # fmt: skip
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), q, k, v,
+          _r(4, 6, grad=False, seed=5), grad=True, **TOL)  # fmt: skip
+
+
+# ---- activations ----
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        F.gelu,
+        lambda x: F.gelu(x, approximate="tanh"),
+        F.relu,
+        F.silu,
+        torch.sigmoid,
+        torch.tanh,
+        lambda x: F.threshold(x, 0.5, -1.0),
+    ],
+    ids=["gelu", "gelu_tanh", "relu", "silu", "sigmoid", "tanh", "threshold"],
+)
+def test_activation_gradients(fn):
+    check(fn, _r(4, 5) * 3, grad=True, **TOL)
+
+
+# ---- losses ----
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(
+    "kw", [{}, dict(label_smoothing=0.1), dict(ignore_index=2), dict(weight=True), dict(weight=True, ignore_index=1)]
+)
+def test_cross_entropy(reduction, kw):
+    kw = dict(kw)
+    weight = _r(5, grad=False).abs() + 0.1 if kw.pop("weight", False) else None
+    target = torch.tensor([0, 2, 4, 1, 2, 3])
+    check(
+        lambda x, t, w: F.cross_entropy(x, t, weight=w, reduction=reduction, **kw),
+        _r(6, 5), target, weight, grad=True, **TOL,
+    )  # fmt: skip
+
+
+def test_nll_loss_2d_and_1d():
+    target = torch.randint(0, 4, (2, 3, 5), generator=torch.Generator().manual_seed(0))
+    check(lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, ignore_index=1), _r(2, 4, 3, 5), target, grad=True, **TOL)
+    check(lambda x, t: F.cross_entropy(x, t, reduction="none"), _r(2, 4, 3, 5), target, grad=True, **TOL)
+    check(lambda x, t: F.nll_loss(x, t), _r(5), torch.tensor(3), grad=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses(reduction):
+    x, t = _r(4, 5), _r(4, 5, seed=1, grad=False)
+    check(lambda x, t: F.mse_loss(x, t, reduction=reduction), x, t, grad=True, **TOL)
+    check(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.5), x, t, grad=True, **TOL)
+    check(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.0), x, t, grad=True, **TOL)
+    check(lambda x, t: F.huber_loss(x, t, reduction=reduction, delta=0.7), x, t, grad=True, **TOL)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy(reduction):
+    p = torch.sigmoid(_r(4, 5, grad=False)).requires_grad_()
+    t = torch.rand(4, 5, generator=torch.Generator().manual_seed(1))
+    w = _r(5, grad=False).abs()
+    check(lambda p, t, w: F.binary_cross_entropy(p, t, w, reduction=reduction), p, t, w, grad=True, **TOL)
+    check(lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction=reduction), _r(4, 5) * 4, t, grad=True,
+          **TOL)  # fmt: skip
+    check(lambda x, t, w, pw: F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction=reduction),
+          _r(4, 5) * 4, t, w, _r(5, grad=False).abs(), grad=True, **TOL)  # fmt: skip
+
+
+def test_dropout_identity_in_eval():
+    check(lambda x: F.dropout(x, 0.5, training=False), _r(4, 5), grad=True)
+    check(lambda x: F.dropout(x, 0.0, training=True), _r(4, 5), grad=True)
