@@ -41,7 +41,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)  # a key bias has no gradient signal (softmax shift)
         self.proj = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, 4 * d)

@@ -47,7 +47,7 @@ def test_products():
     check(lambda x, w, b: F.linear(x, w, b), _r(2, 3, 4), _r(5, 4, seed=1), _r(5, seed=2), grad=True, **TOL)
 
 
-@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1.5), (-1, -1)])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, -1), (0, 1.5)])
 def test_add_products(beta, alpha):
     kw = dict(beta=beta, alpha=alpha)
     check(lambda c, a, b: torch.addmm(c, a, b, **kw), _r(3, 2), _r(3, 4, seed=1), _r(4, 2, seed=2), grad=True, **TOL)
@@ -77,7 +77,11 @@ def test_solvers_and_decompositions():
     check(lambda a: torch.linalg.cholesky(a, upper=True), a, **tol)
     check(torch.linalg.inv, a, grad=True, **tol)
     check(torch.linalg.det, _r(2, 3, 3, dtype=torch.float64), grad=True, **tol)
-    check(torch.linalg.slogdet, _r(3, 3, dtype=torch.float64), **tol)
+    check(torch.linalg.slogdet, _r(3, 3, dtype=torch.float64), grad=True, **tol)
+    check(torch.linalg.solve, a, _r(4, 2, dtype=torch.float64, seed=3), grad=True, **tol)
+    check(torch.linalg.solve, _r(2, 3, 3, dtype=torch.float64), _r(2, 3, dtype=torch.float64, seed=3), grad=True, **tol)
+    check(lambda a, b: torch.linalg.solve(a, b, left=False), a, _r(2, 4, dtype=torch.float64, seed=3), grad=True,
+          **tol)  # fmt: skip
     check(lambda a: torch.linalg.eigvalsh(a), a, grad=True, **tol)
     check(lambda a: torch.linalg.svdvals(a), _r(4, 3, dtype=torch.float64), grad=True, **tol)
     lower = torch.tril(_spd(4, seed=1)).detach().requires_grad_()

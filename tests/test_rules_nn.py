@@ -47,8 +47,8 @@ CONVS = [
 
 
 @pytest.mark.parametrize("x_shape,w_shape,kw,transposed", CONVS, ids=lambda v: str(v))
-@pytest.mark.parametrize("bias", [True, False])
-def test_convolution(x_shape, w_shape, kw, transposed, bias):
+def test_convolution(x_shape, w_shape, kw, transposed):
+    bias = len(x_shape) != 3  # 1-d cases without bias
     nd = len(x_shape) - 2
     fn = getattr(F, f"conv_transpose{nd}d" if transposed else f"conv{nd}d")
     out_ch = w_shape[1] * kw.get("groups", 1) if transposed else w_shape[0]

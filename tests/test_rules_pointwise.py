@@ -561,7 +561,6 @@ DIRECT = {
     "mul_Scalar": (lambda x: aten.mul.Scalar(x, 1.5), _i(3, 4)),
     "div_Scalar": (lambda x: aten.div.Scalar(x, 4), _i(3, 4)),
     "div_Scalar_mode": (lambda x: aten.div.Scalar_mode(x, -2, rounding_mode="floor"), _i(3, 4)),
-    "true_divide_Scalar": (lambda x: aten.true_divide.Scalar(x, 3), _f(3, 4)),
     "floor_divide_Scalar": (lambda x: aten.floor_divide.Scalar(x, 1.5), _f(3, 4)),
     "bitwise_and_Scalar_Tensor": (lambda x: aten.bitwise_and.Scalar_Tensor(6, x), _i(3, 4)),
     "left_shift_Scalar_Tensor": (lambda x: aten.bitwise_left_shift.Scalar_Tensor(3, x.abs()), _i(3, 4)),
@@ -570,9 +569,6 @@ DIRECT = {
     "__rshift__Tensor": (lambda x: aten.__rshift__.Tensor(x, x.abs()), _i(3, 4)),
     "clamp_min": (lambda x: aten.clamp_min.default(x, 0.5), _f(3, 4)),
     "clamp_max": (lambda x: aten.clamp_max.default(x, -1), _i(3, 4)),
-    "isfinite": (lambda x: aten.isfinite.default(x), _special()),
-    "positive": (lambda x: aten.positive.default(x), _f(3, 4)),
-    "square": (lambda x: aten.square.default(x), _i(3, 4)),
     "arange_start": (lambda x: aten.arange.start(2, 9, device=x.device), _f(1)),
     "new_empty_strided": (lambda x: aten.new_empty_strided.default(x, (2, 3), (3, 1)).zero_() + 1, _f(3, 4)),
 }

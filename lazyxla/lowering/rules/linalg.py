@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 import torch
 from jax import lax
 
@@ -93,17 +95,49 @@ def _solve_triangular(ctx, a, b, *, upper, left=True, unitriangular=False):
     return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, unit_diagonal=unitriangular)
 
 
+def _lu(a):
+    """PyTorch's (LU, pivots): LAPACK's packed factors and 1-based row swaps."""
+    lu, piv, _ = lax.linalg.lu(a)
+    return lu, piv.astype(jnp.int32) + 1
+
+
+def _mT(a):
+    return jnp.swapaxes(a, -1, -2)
+
+
+# det and slogdet save the LU of A^T (PyTorch factors A in column-major order), their backward expects it
 @lowers(aten._linalg_det.default)
 def _det(ctx, a):
-    lu, piv, _ = lax.linalg.lu(a)
-    return jnp.linalg.det(a), lu, piv.astype(jnp.int32) + 1
+    return (jnp.linalg.det(a), *_lu(_mT(a)))
 
 
 @lowers(aten._linalg_slogdet.default)
 def _slogdet(ctx, a):
-    sign, logabs = jnp.linalg.slogdet(a)
-    lu, piv, _ = lax.linalg.lu(a)
-    return sign, logabs, lu, piv.astype(jnp.int32) + 1
+    return (*jnp.linalg.slogdet(a), *_lu(_mT(a)))
+
+
+@lowers(aten._linalg_solve_ex.default)
+def _solve_ex(ctx, a, b, *, left=True, check_errors=False):
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        return (_mT(jnp.linalg.solve(_mT(a), _mT(b))), *_lu(a), jnp.zeros(ctx.avals[3].shape, jnp.int32))
+    x = jnp.linalg.solve(a, b[..., None])[..., 0] if vector else jnp.linalg.solve(a, b)
+    return (x, *_lu(a), jnp.zeros(ctx.avals[3].shape, jnp.int32))
+
+
+@lowers(aten.linalg_lu_solve.default)
+def _lu_solve(ctx, lu, pivots, b, *, left=True, adjoint=False):
+    # X A = B is A^T X^T = B^T; for real matrices the adjoint is the transpose
+    transpose = adjoint != (not left)
+    b = b if left else _mT(b)
+    x = jax.scipy.linalg.lu_solve((lu, pivots - 1), b, trans=1 if transpose else 0)
+    return x if left else _mT(x)
+
+
+@lowers(aten._linalg_check_errors.default)
+def _check_errors(ctx, info, api_name, *, is_matrix):
+    # errors are not raised lazily: a singular or non-positive-definite input gives inf/NaN, as in jax
+    return ()
 
 
 @lowers(aten.linalg_qr.default)

@@ -1,7 +1,8 @@
 """Rules for neural-network ops: convolution, pooling, normalization, softmax, losses, activation gradients.
 
-Backward ops whose forward is written here are the ``jax.vjp`` of that forward (XLA drops the unused
-primal), so a forward and its gradient cannot disagree.
+Most backward ops are the ``jax.vjp`` of the forward written here (XLA drops the unused primal), so a
+forward and its gradient cannot disagree; layer/group norm use the saved statistics (their backward
+ops get no eps), max pooling scatters into the saved indices.
 """
 
 from __future__ import annotations
@@ -41,14 +42,18 @@ def _vjp(f, primals, g, mask):
 
     if not want:
         return [None] * len(primals)
-    _, pullback = jax.vjp(partial_f, *(primals[i] for i in want))
-    grads = dict(zip(want, pullback(g.astype(jax.eval_shape(partial_f, *(primals[i] for i in want)).dtype))))
+    out, pullback = jax.vjp(partial_f, *(primals[i] for i in want))
+    grads = dict(zip(want, pullback(g.astype(out.dtype))))
     return [grads.get(i) for i in range(len(primals))]
+
+
+def _channel_shape(ndim: int) -> tuple[int, ...]:
+    return (1, -1) + (1,) * (ndim - 2)
 
 
 def _channel(v, ndim: int):
     """A per-channel vector shaped to broadcast against an ``(N, C, *spatial)`` array."""
-    return v.reshape((1, -1) + (1,) * (ndim - 2))
+    return v.reshape(_channel_shape(ndim))
 
 
 def _reduce(loss, reduction: int):
@@ -71,10 +76,7 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
         cin, cout_g, *k = w.shape
         w = w.reshape(groups, cin // groups, cout_g, *k).swapaxes(1, 2).reshape(groups * cout_g, cin // groups, *k)
         w = jnp.flip(w, tuple(range(2, nd + 2)))
-        pads = [
-            (d * (kk - 1) - p, d * (kk - 1) - p + op)
-            for kk, p, d, op in zip(k, padding, dilation, output_padding)
-        ]
+        pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
         out = lax.conv_general_dilated(
             x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn,
             feature_group_count=groups, precision=precision(),
@@ -315,7 +317,7 @@ def _affine(y, w, b, shape):
 
 def _group_norm(x, w, b, n, c, group, eps):
     y, mean, rstd, _ = _normalize(x.reshape(n, group, -1), (2,), eps)
-    y = _affine(y.reshape(x.shape), w, b, (1, c) + (1,) * (x.ndim - 2))
+    y = _affine(y.reshape(x.shape), w, b, _channel_shape(x.ndim))
     return y.astype(x.dtype), mean.reshape(n, group), rstd.reshape(n, group)
 
 
@@ -346,14 +348,14 @@ def _bn_axes(x):
 def _bn_train(x, w, b, eps):
     """Batch statistics: the normalized output, mean, 1/std and the (biased) variance per channel."""
     y, mean, rstd, var = _normalize(x, _bn_axes(x), eps)
-    y = _affine(y, w, b, _channel(jnp.zeros(x.shape[1]), x.ndim).shape)
+    y = _affine(y, w, b, _channel_shape(x.ndim))
     return y.astype(x.dtype), mean.reshape(-1), rstd.reshape(-1), var.reshape(-1)
 
 
 def _bn_eval(x, w, b, running_mean, running_var, eps):
     rstd = lax.rsqrt(_acc(running_var) + eps)
     y = (_acc(x) - _channel(running_mean, x.ndim)) * _channel(rstd, x.ndim)
-    return _affine(y, w, b, _channel(jnp.zeros(x.shape[1]), x.ndim).shape).astype(x.dtype), rstd
+    return _affine(y, w, b, _channel_shape(x.ndim)).astype(x.dtype), rstd
 
 
 def _fit(aval, value):
@@ -383,9 +385,7 @@ def _native_batch_norm(ctx, x, w, b, running_mean, running_var, training, moment
 
 @lowers(aten._native_batch_norm_legit_functional.default)
 def _native_batch_norm_functional(ctx, x, w, b, running_mean, running_var, training, momentum, eps):
-    y, mean, rstd, new_mean, new_var = _batch_norm(
-        ctx, x, w, b, running_mean, running_var, training, momentum, eps
-    )
+    y, mean, rstd, new_mean, new_var = _batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps)
     return y, _fit(ctx.avals[1], mean), _fit(ctx.avals[2], rstd), new_mean, new_var
 
 

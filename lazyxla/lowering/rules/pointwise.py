@@ -154,10 +154,6 @@ def _frac(x):
     return x - jnp.trunc(x)
 
 
-def _square(x):
-    return x * x
-
-
 for op, f in [
     (aten.add.Tensor, _add),
     (aten.add.Scalar, _add),
@@ -182,7 +178,6 @@ for op, f in [
     (aten.floor_divide.default, _div_floor),
     (aten.floor_divide.Scalar, _div_floor),
     (aten.true_divide.Tensor, jnp.true_divide),
-    (aten.true_divide.Scalar, jnp.true_divide),
     (aten.remainder.Tensor, jnp.remainder),
     (aten.remainder.Scalar, jnp.remainder),
     (aten.remainder.Scalar_Tensor, jnp.remainder),
@@ -222,10 +217,11 @@ for op, f in [
     lowers(op)(partial(_binary, f))
 
 # ---- unary math: computed in the output dtype (an int input of sin is computed as float) ----
+# (CompositeImplicitAutograd ops such as square, positive and isfinite never get here: PyTorch
+# decomposes them above the lazy layer.)
 
 for op, f in [
     (aten.neg.default, jnp.negative),
-    (aten.positive.default, jnp.positive),
     (aten.abs.default, jnp.abs),
     (aten.sign.default, _sign),
     (aten.sgn.default, _sign),
@@ -239,7 +235,6 @@ for op, f in [
     (aten.sqrt.default, jnp.sqrt),
     (aten.rsqrt.default, lax.rsqrt),
     (aten.reciprocal.default, jnp.reciprocal),
-    (aten.square.default, _square),
     (aten.sin.default, jnp.sin),
     (aten.cos.default, jnp.cos),
     (aten.tan.default, jnp.tan),
@@ -276,7 +271,6 @@ for op, f in [
 for op, f in [
     (aten.isnan.default, jnp.isnan),
     (aten.isinf.default, jnp.isinf),
-    (aten.isfinite.default, jnp.isfinite),
     (aten.isposinf.default, jnp.isposinf),
     (aten.isneginf.default, jnp.isneginf),
     (aten.signbit.default, jnp.signbit),

@@ -30,7 +30,7 @@ def _uniform01(ctx):
 
 def _randint(key, shape, low: int, high: int):
     """Integers in [low, high), drawn in int32 when the range fits."""
-    fits = -(2**31) <= low and high <= 2**31
+    fits = low >= -(2**31) and high <= 2**31
     return jax.random.randint(key, shape, low, high, jnp.int32 if fits else jnp.int64)
 
 
