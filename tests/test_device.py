@@ -183,3 +183,23 @@ def test_a_failed_graph_does_not_poison_later_syncs(dev, monkeypatch):
         bad.cpu()
     with pytest.raises(ComputeError):
         (bad + 1).cpu()
+
+
+def test_sync_is_asynchronous(dev):
+    """sync() returns once the work is queued; a host read then waits for it."""
+    a = torch.randn(1200, 1200).to(dev)
+
+    def work():
+        x = a
+        for _ in range(12):
+            x = torch.tanh(x @ a) * 0.01
+        return x
+
+    work()
+    lazyxla.sync()  # compile once
+    lazyxla.wait_device_ops()
+    y = work()
+    lazyxla.sync()
+    arr = unwrap(y)._value[0].payload
+    assert not arr.is_ready(), "sync() waited for the device"
+    assert y.cpu().shape == (1200, 1200) and arr.is_ready()
