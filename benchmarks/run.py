@@ -90,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     steps = {"jax.jit": _jax_mlp(), "eager": _torch_mlp(torch.device("cpu")), "lazyxla": _torch_mlp(lazyxla.device())}
     times = {name: [] for name in steps}
-    for name, fn in steps.items():
+    for fn in steps.values():
         for _ in range(args.warmup):
             fn()
     compiles_before = lazyxla.metrics.counters()["compiles"]

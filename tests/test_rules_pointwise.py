@@ -12,9 +12,7 @@ from tests.util import check, to_dev
 
 aten = torch.ops.aten
 
-_FAMILY = {
-    f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".pointwise")
-}
+_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".pointwise")}
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,7 @@ import lazyxla
 from lazyxla.lowering.registry import RULES
 from tests.util import check, to_dev
 
-_FAMILY = {
-    f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".reduction")
-}
+_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".reduction")}
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from lazyxla.config import config
-from lazyxla.lazy import metrics
 from lazyxla.device.runtime import x64
+from lazyxla.lazy import metrics
 from lazyxla.lazy.ir import Leaf, leaf, raise_if_error
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 

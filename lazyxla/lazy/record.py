@@ -23,8 +23,11 @@ from lazyxla.lowering.registry import RULES
 
 aten = torch.ops.aten
 
-# Python floats in these ops decide output shapes, so they stay constants.
-_SHAPE_SCALARS = frozenset({"aten::arange", "aten::linspace", "aten::logspace", "aten::range"})
+# Python floats in these ops stay constants: they decide output shapes (arange, ...) or select the
+# algorithm (a norm's ord), so a graph input would not do.
+_CONST_SCALAR_OPS = frozenset(
+    {"aten::arange", "aten::linspace", "aten::logspace", "aten::range", "aten::linalg_vector_norm"}
+)
 # Python floats in these ops that stay constants: 0 and +-1 simplify the program.
 _CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
 
@@ -52,7 +55,7 @@ def _is_scalar_type(t) -> bool:
 def _scalar_args(func) -> tuple[tuple[bool, ...], frozenset[str]]:
     """Which positional args and which keyword args of ``func`` are ``Scalar`` (or lists of them)."""
     schema = func._schema
-    if schema.name in _SHAPE_SCALARS:
+    if schema.name in _CONST_SCALAR_OPS:
         return (), frozenset()
     pos = tuple(_is_scalar_type(a.type) for a in schema.arguments if not a.kwarg_only)
     kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and _is_scalar_type(a.type))
@@ -496,7 +499,8 @@ def _check_devices(args, kwargs) -> None:
     if len(devices) > 1:
         a, b = sorted(devices)[:2]
         raise DeviceMismatch(
-            f"Expected all tensors to be on the same device, but found at least two devices, lazyxla:{a} and lazyxla:{b}!"
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"lazyxla:{a} and lazyxla:{b}!"
         )
 
 
