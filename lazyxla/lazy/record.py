@@ -432,19 +432,21 @@ def _foreach(func, args, kwargs):
 _warned: set = set()
 
 
-def _fallback(func, args, kwargs):
+_NO_RULE = "has no lowering rule nor decomposition"
+
+
+def _fallback(func, args, kwargs, why: str = _NO_RULE):
     name = str(func)
     if config.strict:
         raise NotImplementedError(
-            f"lazyxla has no lowering rule nor decomposition for {name}, and strict mode forbids the CPU "
-            "fallback. Set lazyxla.config.strict = False (or LAZYXLA_STRICT=0) to run it on the CPU, or "
-            "avoid the op."
+            f"lazyxla: {name} {why}, and strict mode forbids running it on the CPU. Set "
+            "lazyxla.config.strict = False (or LAZYXLA_STRICT=0) to allow the CPU fallback, or avoid the op."
         )
     metrics.inc("fallback." + name)
     if config.warn_fallback and name not in _warned:
         _warned.add(name)
         warnings.warn(
-            f"lazyxla: {name} has no lowering rule; it runs on the CPU (inputs synced, result copied back). "
+            f"lazyxla: {name} {why}; it runs on the CPU (inputs synced, result copied back). "
             "This is slow; lazyxla.metrics.counters() counts it.",
             stacklevel=4,
         )
@@ -508,11 +510,12 @@ def dispatch(func, args, kwargs):
     special = _SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)
+    why = _NO_RULE
     if func in RULES:
         try:
             return record(func, args, kwargs)
         except _NoMeta:
-            pass
+            why = "has an output shape that depends on the data (or no meta kernel) for these arguments"
     _check_devices(args, kwargs)
     if func._schema.name.startswith("aten::_foreach_") and _foreach_element_op(func) is not None:
         return _foreach(func, args, kwargs)
@@ -526,4 +529,4 @@ def dispatch(func, args, kwargs):
         out = decomp(*args, **kwargs)
         if out is not NotImplemented:
             return out
-    return _fallback(func, args, kwargs)
+    return _fallback(func, args, kwargs, why)
