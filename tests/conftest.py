@@ -1,6 +1,16 @@
 import pytest
 
 import lazyxla
+from lazyxla.lowering.registry import RULES
+
+# An op that has a lowering rule must never run on the CPU, unless a test says why it may
+# (``@pytest.mark.allow_fallback("aten.index.Tensor")``: e.g. a boolean-mask read, whose shape
+# depends on the data).
+_RULED = {f"fallback.{op}" for op in RULES}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_fallback(*ops): ops with a rule that this test may run on the CPU")
 
 
 @pytest.fixture
@@ -9,7 +19,10 @@ def dev():
 
 
 @pytest.fixture(autouse=True)
-def _fresh_metrics():
+def _fresh_metrics_and_no_fallback_for_ruled_ops(request):
     lazyxla.sync()
     lazyxla.metrics.reset()
     yield
+    allowed = {f"fallback.{op}" for m in request.node.iter_markers("allow_fallback") for op in m.args}
+    fell = sorted(k for k in lazyxla.metrics.counters() if k in _RULED - allowed)
+    assert not fell, f"ops with a lowering rule ran on the CPU: {fell}"

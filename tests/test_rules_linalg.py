@@ -7,23 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla.lowering.registry import RULES
 from tests.util import check
-
-_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if r.fn.__module__.endswith(".linalg")}
-
-
-@pytest.fixture(autouse=True)
-def _lowered_not_fallen_back():
-    yield
-    fell = sorted(k for k in lazyxla.metrics.counters() if k in _FAMILY)
-    assert not fell, f"ops with a linalg rule ran on the CPU: {fell}"
-
-
-def _r(*shape, grad=True, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
-
+from tests.util import normal as _r
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 

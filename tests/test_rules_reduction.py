@@ -5,29 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lazyxla
-from lazyxla.lowering.registry import RULES
 from tests.util import check, to_dev
-
-_FAMILY = {f"fallback.{op}" for op, r in RULES.items() if getattr(r.fn, "func", r.fn).__module__.endswith(".reduction")}
-
-
-@pytest.fixture(autouse=True)
-def _lowered_not_fallen_back():
-    yield
-    fell = sorted(k for k in lazyxla.metrics.counters() if k in _FAMILY)
-    assert not fell, f"ops with a reduction rule ran on the CPU: {fell}"
-
-
-def _f(*shape, lo=-3.0, hi=3.0, grad=False, dtype=torch.float32, seed=0):
-    torch.manual_seed(seed + sum(shape))
-    x = torch.rand(shape, dtype=torch.float64) * (hi - lo) + lo
-    return x.to(dtype).requires_grad_(grad)
-
-
-def _i(*shape, lo=-5, hi=6, dtype=torch.int64, seed=0):
-    torch.manual_seed(seed + sum(shape))
-    return torch.randint(lo, hi, shape).to(dtype)
+from tests.util import integers as _i
+from tests.util import uniform as _f
 
 
 def check_nan(fn, *args):

@@ -57,3 +57,22 @@ def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, **kwargs):
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 assert_same(d.grad, a.grad, rtol, atol)
     return actual
+
+
+def uniform(*shape, lo=-3.0, hi=3.0, grad=False, dtype=torch.float32, seed=0):
+    """A reproducible float input drawn uniformly from [lo, hi)."""
+    torch.manual_seed(seed + sum(shape))
+    x = torch.rand(shape, dtype=torch.float64) * (hi - lo) + lo
+    return x.to(dtype).requires_grad_(grad)
+
+
+def integers(*shape, lo=-5, hi=6, dtype=torch.int64, seed=0):
+    """A reproducible integer input drawn from [lo, hi)."""
+    torch.manual_seed(seed + sum(shape))
+    return torch.randint(lo, hi, shape).to(dtype)
+
+
+def normal(*shape, grad=True, seed=0, dtype=torch.float32):
+    """A reproducible standard-normal input (requires grad by default)."""
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
