@@ -8,19 +8,17 @@ import jax.scipy.linalg
 import torch
 from jax import lax
 
-from lazyxla.config import config
 from lazyxla.lowering.registry import lowers
 
 aten = torch.ops.aten
 
 
-def precision() -> lax.Precision:
-    """The precision of float32 matmuls and convolutions (``config.matmul_precision``, a compile-key flag)."""
-    return lax.Precision(config.matmul_precision)
+# Matmul and convolution precision is not set per rule: the compile cache lowers every graph inside
+# jax.default_matmul_precision(config.matmul_precision), a compile-key flag.
 
 
 def matmul(a, b):
-    return jnp.matmul(a, b, precision=precision())
+    return jnp.matmul(a, b)
 
 
 def _scaled(x, s):

@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
-from lazyxla.lowering.rules.linalg import jax_gelu, precision
+from lazyxla.lowering.rules.linalg import jax_gelu
 
 aten = torch.ops.aten
 
@@ -79,12 +79,12 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
         out = lax.conv_general_dilated(
             x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn,
-            feature_group_count=groups, precision=precision(),
+            feature_group_count=groups,
         )  # fmt: skip
     else:
         out = lax.conv_general_dilated(
             x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=dn,
-            feature_group_count=groups, precision=precision(),
+            feature_group_count=groups,
         )  # fmt: skip
     return out if bias is None else out + _channel(bias, out.ndim)
 
@@ -245,7 +245,7 @@ def _adaptive_avg(x, out_sp):
             x = x.reshape(x.shape[:axis] + (out, n // out) + x.shape[axis + 1 :]).mean(axis + 1)
         else:  # overlapping windows of unequal size: an averaging matrix
             m = jnp.asarray(_adaptive_matrix(n, out), x.dtype)
-            x = jnp.moveaxis(jnp.tensordot(x, m, ((axis,), (1,)), precision=precision()), -1, axis)
+            x = jnp.moveaxis(jnp.tensordot(x, m, ((axis,), (1,))), -1, axis)
     return x
 
 
