@@ -203,3 +203,37 @@ def test_sync_is_asynchronous(dev):
     arr = unwrap(y)._value[0].payload
     assert not arr.is_ready(), "sync() waited for the device"
     assert y.cpu().shape == (1200, 1200) and arr.is_ready()
+
+
+_TWO_DEVICES = """
+import jax, torch, lazyxla
+assert len(lazyxla.devices()) == 2, lazyxla.devices()
+d1 = lazyxla.device(1)
+x = torch.arange(4.0).to(d1)
+y = (x * 2).sum()
+assert y.device == d1 and y.item() == 12.0
+from lazyxla.lazy.tensor import unwrap
+assert unwrap(y)._value[0].payload.devices() == {jax.local_devices()[1]}
+z = torch.ones(2, device=d1) + 1
+assert z.tolist() == [2.0, 2.0] and z.device == d1
+moved = x.to(lazyxla.device(0))
+assert moved.device == lazyxla.device(0) and moved.tolist() == [0.0, 1.0, 2.0, 3.0]
+try:
+    x + torch.ones(4, device=lazyxla.device(0))
+except RuntimeError as e:
+    assert "lazyxla:0" in str(e) and "lazyxla:1" in str(e), e
+else:
+    raise AssertionError("mixing lazyxla:0 and lazyxla:1 did not raise")
+print("ok")
+"""
+
+
+def test_two_devices_in_one_process():
+    """lazyxla:i maps to jax's i-th local device (two fake CPU devices, in a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _TWO_DEVICES], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

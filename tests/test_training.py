@@ -163,3 +163,28 @@ def test_gpt_with_dropout_trains_without_recompiling(dev):
         compiles.append(lazyxla.metrics.counters()["compiles"])
     assert compiles[2:] == [compiles[1]] * 4, compiles
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+
+
+def test_item_in_the_middle_of_a_training_step(dev):
+    """Reading the loss before backward() splits the step, and the rest of the step still matches eager."""
+    torch.manual_seed(0)
+    model, x, y, loss_fn = _data("mlp")
+    ref = copy.deepcopy(model)
+    results = []
+    for m, device in ((ref, torch.device("cpu")), (model.to(dev), dev)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        xd, yd = x.to(device), y.to(device)
+        seen = []
+        for _ in range(3):
+            loss = loss_fn(m(xd), yd)
+            seen.append(loss.item())  # host read mid-step
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if device.type == "lazyxla":
+                lazyxla.sync()
+        results.append((seen, {k: v.detach().cpu() for k, v in m.state_dict().items()}))
+    (ref_seen, ref_state), (seen, state) = results
+    torch.testing.assert_close(torch.tensor(seen), torch.tensor(ref_seen), rtol=1e-5, atol=1e-6)
+    for k in ref_state:
+        torch.testing.assert_close(state[k], ref_state[k], rtol=1e-5, atol=1e-6)

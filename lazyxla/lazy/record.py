@@ -18,7 +18,7 @@ from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import graph, metrics, rng
 from lazyxla.lazy.ir import Aval, In, Leaf, leaf, node, raise_if_error, slot
-from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lazy.tensor import LazyTensor, wrap
 from lazyxla.lowering.registry import RULES
 
 aten = torch.ops.aten
@@ -268,7 +268,9 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         return _to_cpu(x, dtype).to(device)
     target = x._value[0].device if device is None else (torch.device(device).index or 0)
     if target != x._value[0].device:
-        return _from_cpu(_to_cpu(x, dtype), target)
+        # Functionalization does not wrap the result of a copy to another device (it assumes the copy
+        # leaves the functional world, as .cpu() does), so the new lazyxla tensor is wrapped here.
+        return wrap(_from_cpu(_to_cpu(x, dtype), target))
     if dtype is None or dtype == x.dtype:
         return _alias(x)
     return record(aten._to_copy.default, (x,), {"dtype": dtype})
