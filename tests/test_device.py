@@ -237,3 +237,11 @@ def test_two_devices_in_one_process():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _TWO_DEVICES], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_changing_the_cpu_tensor_after_a_transfer_does_not_change_the_device_copy(dev):
+    x = torch.zeros(4)
+    d = x.to(dev)
+    x.add_(5)
+    assert d.tolist() == [0.0] * 4
+    assert (d + 1).tolist() == [1.0] * 4

@@ -73,8 +73,11 @@ def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
         host = t.view(torch.int16).numpy().view(jax.numpy.bfloat16)
     else:
         host = t.resolve_conj().resolve_neg().numpy()
+    # A private C-contiguous copy: jax's CPU client may alias a host buffer instead of copying it, and
+    # the user may change the CPU tensor after .to(device).
+    host = np.array(host, order="C", copy=True)
     with x64():
-        return jax.device_put(np.asarray(host, order="C"), jax_device(index))
+        return jax.device_put(host, jax_device(index))
 
 
 def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:

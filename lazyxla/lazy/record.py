@@ -306,6 +306,9 @@ _SPECIAL = {
 }
 
 
+SPECIAL_OPS = frozenset(_SPECIAL)
+
+
 # ---- decompositions, in-place ops below functionalization, foreach, CPU fallback ----
 
 
@@ -487,6 +490,23 @@ def _leaves(args, kwargs):
             stack.extend(x)
         else:
             yield x
+
+
+def status_of(func) -> str:
+    """How lazyxla runs ``func``: 'rule', 'special', 'decomposition', 'functionalized' or 'fallback'."""
+    if func in _SPECIAL:
+        return "special"
+    if func in RULES:
+        return "rule"
+    if func._schema.name.startswith("aten::_foreach_") and _foreach_element_op(func) is not None:
+        return "decomposition"
+    if _functional_of(func) is not None or (
+        func._schema.is_mutable and any(a.is_out for a in func._schema.arguments) and _functional_of_out(func)
+    ):
+        return "functionalized"
+    if _decomposition(func) is not None:
+        return "decomposition"
+    return "fallback"
 
 
 def _check_devices(args, kwargs) -> None:

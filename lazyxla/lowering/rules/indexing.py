@@ -73,14 +73,19 @@ def _index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
             raise NotImplementedError("index_put with a boolean mask and other index tensors")
         values = _pad_mask_values(x, idx, values, masks[0].size)
     ref = x.at[idx]
-    return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
+    return _accumulate(ref, values, mode="drop") if accumulate else ref.set(values, mode="drop")
+
+
+def _accumulate(ref, values, **kw):
+    # bool accumulation is a logical or in PyTorch
+    return ref.max(values, **kw) if values.dtype == np.bool_ else ref.add(values, **kw)
 
 
 @lowers(aten.put.default)
 def _put(ctx, x, index, source, accumulate=False):
     ref = x.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(x.dtype)
-    return (ref.add(source) if accumulate else ref.set(source)).reshape(x.shape)
+    return (_accumulate(ref, source) if accumulate else ref.set(source)).reshape(x.shape)
 
 
 @lowers(aten.masked_scatter.default)
@@ -123,6 +128,8 @@ def _index_fill(ctx, x, dim, index, value):
 
 
 def _extreme(dtype, sign: int):
+    if dtype == np.bool_:
+        return sign > 0
     if jnp.issubdtype(dtype, jnp.inexact):
         return sign * np.inf
     info = np.iinfo(dtype)
@@ -145,6 +152,8 @@ def _reduce_into(x, idx, src, reduce: str | None, include_self: bool = True):
     src = jnp.asarray(src).astype(x.dtype)
     if reduce is None:
         return x.at[idx].set(src)
+    if x.dtype == np.bool_:  # PyTorch's bool sum is a logical or, its product a logical and
+        reduce = {"sum": "amax", "add": "amax", "prod": "amin", "multiply": "amin"}.get(reduce, reduce)
     if reduce == "mean":
         sums = (x if include_self else x.at[idx].set(0)).at[idx].add(src)
         counts = jnp.full(x.shape, int(include_self), x.dtype).at[idx].add(1)
@@ -185,12 +194,18 @@ def _along(index, dim: int) -> tuple:
 @lowers(aten.gather.default)
 @_at_least_1d
 def _gather(ctx, x, dim, index, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(ctx.shape, ctx.dtype)
+    if x.ndim == 0:  # every index is 0: each output element is x
+        return jnp.broadcast_to(x, ctx.shape)
     # index may be smaller than x in the other dims: crop x to it, then take along dim
     x = lax.slice(x, [0] * x.ndim, [n if d == dim else m for d, (n, m) in enumerate(zip(x.shape, index.shape))])
     return jnp.take_along_axis(x, index, axis=dim)
 
 
 def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
+    if index.size == 0:
+        return x
     if jnp.ndim(src):  # src may be larger than index: only its leading block is scattered
         src = lax.slice(src, [0] * src.ndim, index.shape)
     return _reduce_into(x, _along(index, dim), src, reduce, include_self)

@@ -25,7 +25,12 @@ aten = torch.ops.aten
 
 
 def _as(x, dt):
-    """An operand (array or Python number) as an array of dtype ``dt``."""
+    """An operand (array or Python number) as an array of dtype ``dt``.
+
+    A Python int outside an integer dtype's range wraps around, as PyTorch's casts do (uint8: -3 -> 253).
+    """
+    if type(x) is int and jnp.issubdtype(dt, jnp.integer):
+        return jnp.asarray(np.array(x, dtype=np.int64).astype(dt))
     return jnp.asarray(x, dt)
 
 
@@ -56,7 +61,8 @@ def _scaled(b, alpha, dt):
 
 
 def _unary(f, ctx, x):
-    return f(x.astype(ctx.dtype))
+    # a complex input keeps its dtype when the output is real (abs, angle): the driver casts the result
+    return f(x if jnp.iscomplexobj(x) else x.astype(ctx.dtype))
 
 
 def _predicate(f, ctx, x):
@@ -97,7 +103,9 @@ def _rsub(ctx, a, b, alpha=1):
 
 
 def _div_trunc(a, b):
-    return lax.div(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else jnp.trunc(a / b)
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return lax.div(*jnp.broadcast_arrays(a, b))
+    return jnp.trunc(a / b)
 
 
 def _div_floor(a, b):

@@ -124,10 +124,11 @@ def _count_nonzero(ctx, x, dim=None):
 
 def _var_and_mean(ctx, x, dim, correction):
     axes = _axes(dim, x.ndim)
-    x = x.astype(_acc(ctx.dtype))
+    if not jnp.iscomplexobj(x):  # a complex input keeps its imaginary part (its variance is real)
+        x = x.astype(_acc(ctx.dtype))
     mean = jnp.mean(x, axis=axes, keepdims=True)
     d = x - mean
-    ss = jnp.sum(d * d, axis=axes)
+    ss = jnp.sum((d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d, axis=axes)
     n = _size(x, axes)
     c = 1 if correction is None else correction
     return ss / jnp.maximum(n - c, 0), mean

@@ -1,0 +1,1 @@
+"""Command-line tools: ``python -m lazyxla.tools.coverage``."""

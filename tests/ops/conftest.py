@@ -1,0 +1,47 @@
+"""Collects OpInfo outcomes and writes them to build/opinfo-results.json (atomically) at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "build" / "opinfo-results.json"
+_rows: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report):
+    props = dict(report.user_properties)
+    info = props.get("opinfo")
+    if info is None:
+        return
+    row = _rows.setdefault(report.nodeid, dict(info, outcome="passed", fallbacks=[], message=""))
+    if "fallbacks" in props:
+        row["fallbacks"] = props["fallbacks"]
+    if report.skipped:
+        row["outcome"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
+        row["message"] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else report.wasxfail
+    elif report.failed:
+        row["outcome"] = "failed"
+        row["message"] = report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+    elif report.when == "call" and hasattr(report, "wasxfail"):
+        row["outcome"] = "xpassed"
+
+
+def pytest_sessionfinish(session):
+    if not _rows:
+        return
+    RESULTS.parent.mkdir(exist_ok=True)
+    payload = {
+        "subset": session.config.getoption("--opinfo"),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "results": sorted(_rows.values(), key=lambda r: (r["kind"], r["op"], r["dtype"])),
+    }
+    fd, tmp = tempfile.mkstemp(dir=RESULTS.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, RESULTS)
