@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lazyxla
 from tests.util import check
 
 
@@ -130,3 +131,15 @@ def test_index_reduce(reduce, include_self):
     torch.manual_seed(0)
     x, src = torch.randn(5, 3), torch.randn(4, 3)
     check(lambda x, i, s: x.index_reduce(0, i, s, reduce, include_self=include_self), x, _i(0, 4, 0, 2), src)
+
+
+def test_out_of_range_indices_read_nan_not_neighbours():
+    """PyTorch raises on an out-of-range index; lazyxla cannot check without a sync, so it reads NaN."""
+    dev = lazyxla.device()
+    x = torch.arange(5.0).to(dev)
+    bad = torch.tensor([1, 9]).to(dev)
+    assert torch.index_select(x, 0, bad).cpu()[1].isnan()
+    assert torch.gather(x, 0, bad).cpu()[1].isnan()
+    assert x[bad].cpu()[1].isnan()
+    assert torch.nn.functional.embedding(bad, x.reshape(5, 1)).cpu()[1].isnan().all()
+    assert x[torch.tensor([-1]).to(dev)].tolist() == [4.0]  # negative indices still wrap

@@ -60,7 +60,9 @@ def _pad_mask_values(x, idx, values, nnz_axis_size: int):
 
 @lowers(aten.index.Tensor, aten._unsafe_index.Tensor)
 def _index(ctx, x, indices):
-    return x[_index_tuple(x, indices)]
+    # out-of-range indices read NaN (integers: the dtype's minimum), as jnp.take does, never a
+    # clamped neighbour: see docs/ops.md
+    return x.at[_index_tuple(x, indices)].get(mode="fill")
 
 
 @lowers(aten.index_put.default, aten._unsafe_index_put.default, aten._index_put_impl.default)
