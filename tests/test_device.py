@@ -245,3 +245,15 @@ def test_changing_the_cpu_tensor_after_a_transfer_does_not_change_the_device_cop
     x.add_(5)
     assert d.tolist() == [0.0] * 4
     assert (d + 1).tolist() == [1.0] * 4
+
+
+def test_arguments_python_considers_equal_are_different_programs(dev):
+    """1 == 1.0 == True and hash(-1) == hash(-2) in Python; as op arguments they differ."""
+    x = torch.randn(5, 1, 5, 1)
+    d = x.to(dev)
+    outs = [d.squeeze(-1), d.squeeze(-2)]
+    lazyxla.sync()
+    assert [tuple(o.cpu().shape) for o in outs] == [(5, 1, 5), (5, 1, 5, 1)]
+    i = torch.arange(4).to(dev)
+    assert (i * 1).dtype == torch.int64 and (i * 1.0).dtype == torch.float32
+    assert (i * 1).cpu().dtype == torch.int64 and (i * 1.0).cpu().dtype == torch.float32

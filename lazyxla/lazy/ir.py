@@ -93,16 +93,35 @@ Value = tuple  # (Node, int)
 _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def node(op, inputs: tuple, template: Any, avals: tuple, device: int) -> Node:
-    """The node for ``op`` over ``inputs``; an identical live node is reused (hash-consing)."""
-    ident = (op, template, device, tuple((id(n), i) for n, i in inputs))
+def canonical(x: Any) -> Any:
+    """A template in a form where equal means the same program, for keys and hashes.
+
+    Python treats ``1``, ``1.0`` and ``True`` as equal (with equal hashes), and gives ``-1`` and ``-2``
+    the same hash; as op arguments they mean different things (dtypes, dims), so each number is
+    tagged with its type and whether it is -1.
+    """
+    t = type(x)
+    if t is tuple:
+        return tuple(canonical(e) for e in x)
+    if t is int or t is float or t is bool:
+        return (t, x, x == -1)
+    return x
+
+
+def node(op, inputs: tuple, template: Any, avals: tuple, device: int, key: Any = None) -> Node:
+    """The node for ``op`` over ``inputs``; an identical live node is reused (hash-consing).
+
+    ``key`` is ``canonical(template)`` when the caller already has it.
+    """
+    key = canonical(template) if key is None else key
+    ident = (op, key, device, tuple((id(n), i) for n, i in inputs))
     try:
         found = _interned.get(ident)
     except TypeError:  # an unhashable constant: no interning for this node
         found, ident = None, None
     if found is not None:
         return found
-    h = hash((op, template, device, tuple((n.hash, i) for n, i in inputs)))
+    h = hash((op, key, device, tuple((n.hash, i) for n, i in inputs)))
     n = Node(op, inputs, template, avals, h, None, device)
     if ident is not None:
         _interned[ident] = n

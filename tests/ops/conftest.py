@@ -25,7 +25,9 @@ def pytest_runtest_logreport(report):
         row["message"] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else report.wasxfail
     elif report.failed:
         row["outcome"] = "failed"
-        row["message"] = report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+        lines = report.longreprtext.splitlines() if report.longreprtext else []
+        errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+        row["message"] = (errors[0] if errors else (lines[-1] if lines else ""))[:300]
     elif report.when == "call" and hasattr(report, "wasxfail"):
         row["outcome"] = "xpassed"
 

@@ -111,12 +111,14 @@ def _case_id(op) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
-def _cases(kind: str, full: bool):
+def _cases(kind: str, full: bool, only: set[str] | None = None):
     for op in op_db:
         cid = _case_id(op)
         if not full and op.name not in FAST:
             continue
         dtypes = (torch.float32,) if kind == "grad" else DTYPES
+        if only is not None:
+            dtypes = tuple(d for d in dtypes if str(d).removeprefix("torch.") in only)
         supported = op.supported_dtypes("cpu") if kind == "forward" else op.supported_backward_dtypes("cpu")
         for dtype in dtypes:
             if dtype not in supported or (kind == "grad" and not op.supports_autograd):
@@ -135,14 +137,18 @@ def _cases(kind: str, full: bool):
 
 def pytest_generate_tests(metafunc):
     full = metafunc.config.getoption("--opinfo") == "full"
+    names = metafunc.config.getoption("--opinfo-dtypes")
+    only = None if names == "all" else set(names.split(","))
     kind = {"test_forward": "forward", "test_grad": "grad"}.get(metafunc.function.__name__)
     if kind:
-        metafunc.parametrize("op,dtype", list(_cases(kind, full)))
+        metafunc.parametrize("op,dtype", list(_cases(kind, full, only)))
 
 
 def _moved(x, dev):
     if isinstance(x, torch.Tensor):
         return x.detach().to(dev).requires_grad_(x.requires_grad)
+    if (isinstance(x, torch.device) and x.type == "cpu") or x == "cpu":  # factories: device="cpu" -> lazyxla
+        return dev
     if isinstance(x, (list, tuple)):
         return type(x)(_moved(e, dev) for e in x)
     if isinstance(x, dict):
