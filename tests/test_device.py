@@ -257,3 +257,12 @@ def test_arguments_python_considers_equal_are_different_programs(dev):
     i = torch.arange(4).to(dev)
     assert (i * 1).dtype == torch.int64 and (i * 1.0).dtype == torch.float32
     assert (i * 1).cpu().dtype == torch.int64 and (i * 1.0).cpu().dtype == torch.float32
+
+
+def test_float_scalars_into_integer_outputs_truncate_like_pytorch(dev):
+    assert torch.full((2,), 2.7, dtype=torch.int64, device=dev).tolist() == [2, 2]
+    x = torch.zeros(3, dtype=torch.int32).to(dev)
+    x.fill_(-3.9)
+    assert x.tolist() == [-3, -3, -3]
+    i = torch.arange(3).to(dev)
+    assert (i * 0.5).tolist() == [0.0, 0.5, 1.0]  # a float result keeps the fraction

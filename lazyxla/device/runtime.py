@@ -69,6 +69,10 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
 def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
     """Copy a CPU tensor to the jax device behind ``lazyxla:index``."""
     t = t.detach()
+    if t.layout != torch.strided:
+        raise TypeError(f"lazyxla tensors are dense: convert this {t.layout} tensor with .to_dense() first")
+    if t._is_zerotensor():  # autograd's symbolic zeros have no storage
+        t = torch.zeros(t.shape, dtype=t.dtype)
     if t.dtype == torch.bfloat16:
         host = t.view(torch.int16).numpy().view(jax.numpy.bfloat16)
     else:

@@ -28,16 +28,18 @@ def _relist(x):
 
 
 def _scalar_dtype(n: Node):
-    """Dtype for Python scalars (graph inputs) used by node ``n``: its first floating tensor's dtype."""
+    """Dtype for Python scalars (graph inputs) used by node ``n``, as PyTorch converts them.
+
+    The first floating tensor input's dtype; with none, an integer output's dtype (PyTorch truncates
+    the scalar: ``int_tensor.fill_(2.7)`` fills 2), else the default float dtype.
+    """
     for m, i in n.inputs:
         if m.op is not Leaf.SCALAR and m.op is not Leaf.RNG:
             dt = m.avals[i].dtype
             if dt.is_floating_point or dt.is_complex:
                 return np_dtype(dt)
-    for aval in n.avals:
-        if aval.dtype.is_floating_point or aval.dtype.is_complex:
-            return np_dtype(aval.dtype)
-    return np_dtype(torch.get_default_dtype())
+    out = n.avals[0].dtype if n.avals else torch.bool
+    return np_dtype(torch.get_default_dtype() if out == torch.bool else out)
 
 
 def apply(n: Node, ins: list):

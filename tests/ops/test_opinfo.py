@@ -19,7 +19,13 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyxla
-from tests.ops.expected import EXPECTED_FAILURES, NONDETERMINISTIC, SKIP_OPS, TOLERANCE_OVERRIDES
+from tests.ops.expected import (
+    EXPECTED_FAILURES,
+    INPUT_ONLY_ON_DEVICE,
+    NONDETERMINISTIC,
+    SKIP_OPS,
+    TOLERANCE_OVERRIDES,
+)
 from tests.util import to_cpu
 
 # Fallbacks are not failures here: each case records the ops that ran on the CPU in the results file,
@@ -156,11 +162,13 @@ def _moved(x, dev):
     return x
 
 
-def _to_dev(sample):
+def _to_dev(sample, op=None):
     """A copy of the sample with every tensor moved to lazyxla (leaves keep requires_grad)."""
     dev = lazyxla.device()
     out = copy.copy(sample)
-    out.input, out.args, out.kwargs = _moved(sample.input, dev), _moved(sample.args, dev), _moved(sample.kwargs, dev)
+    out.input = _moved(sample.input, dev)
+    if op is None or op.name not in INPUT_ONLY_ON_DEVICE:
+        out.args, out.kwargs = _moved(sample.args, dev), _moved(sample.kwargs, dev)
     return out
 
 
@@ -210,7 +218,7 @@ def _eager_samples(op, dtype, requires_grad):
     """
     out = []
     for sample in itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad), MAX_SAMPLES):
-        moved = _to_dev(sample)
+        moved = _to_dev(sample, op)
         try:
             expected = _call(op, sample)
         except Exception:  # eager refuses this sample: nothing to compare
@@ -274,7 +282,7 @@ def test_grad(op, dtype, record_property):
     done = 0
     for i, sample in enumerate(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=True), MAX_SAMPLES)):
         inputs = _grad_inputs(sample)
-        dev_sample = _to_dev(sample)
+        dev_sample = _to_dev(sample, op)
         try:
             out = _call(op, sample)
             if sample.output_process_fn_grad is not None:
