@@ -40,3 +40,13 @@ def pytest_addoption(parser):
         choices=("fast", "full"),
         help="OpInfo conformance: 'fast' (a representative subset, the default) or 'full' (every op)",
     )
+    parser.addoption(
+        "--opinfo-results",
+        default=None,
+        help="OpInfo conformance: where to write the per-case results (default build/opinfo-results.json)",
+    )
+    parser.addoption(
+        "--opinfo-dtypes",
+        default="all",
+        help="OpInfo conformance: comma-separated dtype names to test (e.g. float32,int64,bool), or 'all'",
+    )

@@ -35,15 +35,16 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     if not _rows:
         return
-    RESULTS.parent.mkdir(exist_ok=True)
+    target = Path(session.config.getoption("--opinfo-results") or RESULTS)
+    target.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "subset": session.config.getoption("--opinfo"),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": sorted(_rows.values(), key=lambda r: (r["kind"], r["op"], r["dtype"])),
     }
-    fd, tmp = tempfile.mkstemp(dir=RESULTS.parent, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, RESULTS)
+    os.replace(tmp, target)

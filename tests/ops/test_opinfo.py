@@ -50,6 +50,7 @@ TOL = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
     torch.complex64: (1e-4, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
 }
 MAX_SAMPLES = 12
 
@@ -210,14 +211,18 @@ def _metadata_only(actual, expected, what):
             _metadata_only(a, e, what)
 
 
-def _eager_samples(op, dtype, requires_grad):
+def _eager_samples(op, dtype, requires_grad, reference=False):
     """(lazyxla copy of the sample, eager output) for the samples eager PyTorch accepts.
 
     The copy is taken before eager runs: some ops update their inputs in place (batch_norm's
     running statistics).
     """
     out = []
-    for sample in itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad), MAX_SAMPLES):
+    if reference:  # float32: PyTorch's reference inputs too (they start with the sample inputs)
+        samples = itertools.islice(op.reference_inputs("cpu", dtype, requires_grad=requires_grad), 2 * MAX_SAMPLES)
+    else:
+        samples = itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad), MAX_SAMPLES)
+    for sample in samples:
         moved = _to_dev(sample, op)
         try:
             expected = _call(op, sample)
@@ -231,9 +236,10 @@ def _fallbacks() -> list[str]:
     return sorted(k.removeprefix("fallback.") for k in lazyxla.metrics.counters() if k.startswith("fallback."))
 
 
-def test_forward(op, dtype, record_property):
+def test_forward(op, dtype, record_property, request):
     record_property("opinfo", {"op": _case_id(op), "dtype": str(dtype).removeprefix("torch."), "kind": "forward"})
-    pairs = _eager_samples(op, dtype, requires_grad=False)
+    full = request.config.getoption("--opinfo") == "full"
+    pairs = _eager_samples(op, dtype, requires_grad=False, reference=full and dtype == torch.float32)
     if not pairs:
         pytest.skip("eager PyTorch accepts no sample")
     actual = [_call(op, s) for s, _ in pairs]
