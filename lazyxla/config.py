@@ -39,6 +39,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("warn_fallback", bool, True, "Warn once per op that falls back to CPU."),
     Flag("donate", bool, True, "Donate the device buffers of tensors a full sync overwrites."),
     Flag(
+        "compile_cache_size",
+        int,
+        1024,
+        "Compiled programs kept in memory (least recently used ones are dropped beyond this).",
+    ),
+    Flag(
         "matmul_precision",
         str,
         "highest",

@@ -266,3 +266,15 @@ def test_float_scalars_into_integer_outputs_truncate_like_pytorch(dev):
     assert x.tolist() == [-3, -3, -3]
     i = torch.arange(3).to(dev)
     assert (i * 0.5).tolist() == [0.0, 0.5, 1.0]  # a float result keeps the fraction
+
+
+def test_compile_cache_is_bounded(dev):
+    from lazyxla.lowering import cache
+
+    cache.clear()
+    x = torch.ones(3).to(dev)
+    with lazyxla.config.override(compile_cache_size=2):
+        for k in range(4):
+            (x.reshape(1, 3).expand(k + 1, 3) * 2).sum().item()  # four different graphs
+        assert len(cache._cache) == 2
+        assert lazyxla.metrics.counters()["cache_evictions"] == 2

@@ -11,7 +11,7 @@ from lazyxla.device import runtime
 from lazyxla.lazy import metrics
 from lazyxla.lowering.to_jax import graph_fn
 
-_cache: dict = {}
+_cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
 
 
 class Compiled:
@@ -38,6 +38,7 @@ def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
 def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     hit = _cache.get(key)
     if hit is not None:
+        _cache.move_to_end(key)
         metrics.inc("cache_hits")
         return hit
     in_avals = [leaf.avals[0] for leaf in leaves]
@@ -55,6 +56,9 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     metrics.inc("compiles")
     compiled = Compiled(executable, donated)
     _cache[key] = compiled
+    while len(_cache) > max(config.compile_cache_size, 1):
+        _cache.popitem(last=False)
+        metrics.inc("cache_evictions")
     return compiled
 
 

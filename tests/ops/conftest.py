@@ -8,8 +8,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
+from lazyxla.lowering import cache
+
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "opinfo-results.json"
 _rows: dict[str, dict] = {}
+
+
+@pytest.fixture(autouse=True)
+def _forget_compiled_programs():
+    """OpInfo graphs are never reused: keep thousands of executables from piling up in memory."""
+    yield
+    cache.clear()
 
 
 def pytest_runtest_logreport(report):
