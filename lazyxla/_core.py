@@ -84,8 +84,20 @@ KERNELS = {
     "aten::empty_strided": _empty_strided,
     "aten::_copy_from": _copy_from,
 }
-# Factories whose CompositeExplicit kernels would write into a resized out= tensor: record them whole.
-for _name in ("arange", "arange.start", "arange.start_step", "full", "scalar_tensor", "linspace", "randperm"):
+# Factories recorded whole: their CompositeExplicit kernels would write into a resized out= tensor
+# (arange, ...) or record two ops where one does (rand, randn: empty, then an in-place draw).
+_FACTORIES = (
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "full",
+    "scalar_tensor",
+    "linspace",
+    "randperm",
+    "rand",
+    "randn",
+)
+for _name in _FACTORIES:
     _op = getattr(getattr(aten, _name.split(".")[0]), (_name.split(".") + ["default"])[1])
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _op)
 

@@ -9,20 +9,7 @@ from lazyxla.tools import coverage
 
 # Core ATen ops that still run on the CPU, each with why. The list may only shrink: the test fails
 # when an op here gets a lowering (remove it) or a new core op falls back (lower it).
-KNOWN_CORE_FALLBACKS = {
-    "aten._cdist_forward.default": "no rule yet",
-    "aten._embedding_bag.default": "no rule yet",
-    "aten._fft_c2r.default": "no rule yet",
-    "aten._fft_r2c.default": "no rule yet",
-    "aten._native_batch_norm_legit.default": "in-place running stats outside functionalization; no rule yet",
-    "aten._pdist_forward.default": "no rule yet",
-    "aten.grid_sampler_2d.default": "no rule yet",
-    "aten.nonzero.default": "data-dependent output shape",
-    "aten.rand.default": "no rule yet",
-    "aten.randn.default": "no rule yet",
-    "aten.sort.default": "no rule yet",
-    "aten.topk.default": "no rule yet",
-}
+KNOWN_CORE_FALLBACKS: dict[str, str] = {}
 # Handled by the device's own kernels before dispatch (factories and copies).
 DEVICE_KERNELS = {"aten.empty_strided.default"}
 

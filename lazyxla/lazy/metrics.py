@@ -7,7 +7,16 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-_BASE = ("compiles", "cache_hits", "executions", "host_to_device", "device_to_host", "syncs", "ops_recorded")
+_BASE = (
+    "compiles",
+    "cache_hits",
+    "executions",
+    "host_to_device",
+    "device_to_host",
+    "syncs",
+    "ops_recorded",
+    "data_dependent_syncs",
+)
 _counters: collections.Counter = collections.Counter()
 _timers: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -29,7 +38,8 @@ def counters() -> dict[str, int]:
     """A snapshot of every counter.
 
     Always has ``compiles``, ``cache_hits``, ``executions``, ``host_to_device``, ``device_to_host``,
-    ``syncs`` and ``ops_recorded``, plus one ``fallback.<op>`` entry per op that ran on the CPU.
+    ``syncs``, ``ops_recorded`` and ``data_dependent_syncs`` (host reads an op's output shape needed,
+    e.g. ``nonzero``'s count), plus one ``fallback.<op>`` entry per op that ran on the CPU.
 
     Example::
 

@@ -17,7 +17,7 @@ import torch._decomp
 from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import graph, metrics, rng
-from lazyxla.lazy.ir import Aval, In, Leaf, leaf, node, raise_if_error, slot
+from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, raise_if_error, slot
 from lazyxla.lazy.tensor import LazyTensor, wrap
 from lazyxla.lowering.registry import RULES
 
@@ -179,9 +179,9 @@ def _spec(out, avals: list):
     return ("const", out)
 
 
-def _infer(func, template, flat: _Flat, args, kwargs):
+def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     # a Python float shares its aval with a 0-d float64 tensor, but not PyTorch's promotion rules
-    key = (func, template, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
+    key = (func, ckey, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
     try:
         return _meta_cache[key]
     except KeyError:
@@ -198,6 +198,8 @@ def _infer(func, template, flat: _Flat, args, kwargs):
             raise _NoMeta(str(e)) from e
     avals: list = []
     result = (_spec(out, avals), tuple(avals))
+    for aval in result[1]:
+        runtime.np_dtype(aval.dtype)  # an unsupported dtype (complex32, ...) raises here, at the call
     if key is not None:
         _meta_cache[key] = result
     return result
@@ -217,11 +219,12 @@ def _build(spec, n, requires_grad=False):
 
 def record(func, args, kwargs):
     template, flat = _flatten(func, args, kwargs)
-    spec, avals = _infer(func, template, flat, args, kwargs)
+    ckey = canonical(template)
+    spec, avals = _infer(func, template, ckey, flat, args, kwargs)
     inputs = tuple(flat.inputs)
     if RULES[func].random:
         inputs += ((rng.next_key_leaf(flat.device), 0),)
-    n = node(func, inputs, template, avals, flat.device)
+    n = node(func, inputs, template, avals, flat.device, ckey)
     metrics.inc("ops_recorded")
     return _build(spec, n)
 
@@ -280,19 +283,44 @@ def _local_scalar_dense(x):
     return _to_cpu(x).item()
 
 
-def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, eps):
-    # native_batch_norm updates the running statistics in place although its schema does not say so,
-    # so functionalization passes it through: record the functional variant and rebind the statistics.
+def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps):
+    # Batch norm in training mode updates the running statistics in place; native_batch_norm's schema
+    # does not say so, and _native_batch_norm_legit arrives here only below functionalization (from a
+    # decomposition). Record the functional variant and rebind the statistics.
     args = (x, w, b, running_mean, running_var, training, momentum, eps)
-    if not training or running_mean is None:
-        return record(aten.native_batch_norm.default, args, {})
     out = record(aten._native_batch_norm_legit_functional.default, args, {})
     running_mean._value, running_var._value = out[3]._value, out[4]._value
     return out[:3]
 
 
+def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training or running_mean is None:
+        return record(aten.native_batch_norm.default, (x, w, b, running_mean, running_var, training, momentum, eps), {})
+    return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
+
+
+def _native_batch_norm_legit(x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training:
+        return record(
+            aten._native_batch_norm_legit_no_training.default, (x, w, b, running_mean, running_var, momentum, eps), {}
+        )
+    return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
+
+
+def _nonzero(x):
+    """``nonzero``'s output shape depends on the data: the input is synced and its nonzero count read
+    on the host (counted as the ``data_dependent_syncs`` metric), then ``nonzero_static`` of that size
+    is recorded, so the result stays on the device."""
+    count = record(aten.count_nonzero.default, (x,), {})
+    graph.sync_tensors([x, count], reason="data-dependent shape (nonzero)")
+    metrics.inc("data_dependent_syncs")
+    return record(aten.nonzero_static.default, (x,), {"size": int(_to_cpu(count).item())})
+
+
 _SPECIAL = {
     aten.native_batch_norm.default: _native_batch_norm,
+    aten._native_batch_norm_legit.default: _native_batch_norm_legit,
+    aten.nonzero.default: _nonzero,
     aten.copy.default: _copy,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

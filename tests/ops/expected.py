@@ -28,6 +28,28 @@ NONDETERMINISTIC = {
 SKIP_OPS: dict[str, str] = {}
 
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
+    **{
+        (op, dtype, "forward"): (
+            "PyTorch's CPU sort without stable=True orders the ties of its 8000-element sample as std::sort "
+            "leaves them; lazyxla's sort is stable, so the indices of tied elements differ (values match)"
+        )
+        for op in ("sort", "argsort")
+        for dtype in ("float16", "bfloat16", "uint8", "bool")
+    },
+    **{
+        (op, dtype, "forward"): (
+            "PyTorch's CPU topk orders tied elements as std::partial_sort/nth_element leave them (unspecified); "
+            "lazyxla takes the lower index first, so tied elements' indices differ (values match)"
+        )
+        for op in ("topk",)
+        for dtype in ("bfloat16", "int64", "int32", "uint8")
+    },
+    ("nn.functional.grid_sample", "float32", "forward"): (
+        "bicubic sampling of a 345x456 image: at coordinates in the hundreds, PyTorch's vectorized float32 "
+        "kernel rounds the coordinate arithmetic differently from its scalar kernel (which lazyxla follows, "
+        "matching the half-precision and 3-d results); ~0.1% of values differ by up to 2e-4 against atol 1e-5. "
+        "tests/test_rules_extra.py covers every mode and padding at 1e-4"
+    ),
     ("nn.functional.multi_margin_loss", "float32", "forward"): (
         "a 0-d input with reduction='none': PyTorch's meta kernel says shape (1,), its CPU kernel gives ()"
     ),

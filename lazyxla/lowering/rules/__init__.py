@@ -2,11 +2,13 @@
 
 from lazyxla.lowering.rules import (  # noqa: F401
     core,
+    fft,
     indexing,
     linalg,
     nn,
     pointwise,
     random,
     reduction,
+    sorting,
     view,
 )

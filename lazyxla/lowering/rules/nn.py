@@ -19,6 +19,7 @@ from jax import lax
 
 from lazyxla.lowering.registry import lowers
 from lazyxla.lowering.rules.linalg import jax_gelu
+from lazyxla.lowering.rules.reduction import vector_norm
 
 aten = torch.ops.aten
 
@@ -525,7 +526,7 @@ def _loss_rows(forward, grad):
 _mse = _loss_rows(lambda x, t: jnp.square(x - t), lambda x, t: 2 * (x - t))
 
 
-def _smooth_l1(x, t, beta):
+def _smooth_l1(x, t, beta=1.0):
     d = jnp.abs(x - t)
     return jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta) if beta > 0 else d
 
@@ -535,7 +536,7 @@ def _smooth_l1_grad(x, t, beta):
     return jnp.where(jnp.abs(d) < beta, d / beta, jnp.sign(d)) if beta > 0 else jnp.sign(d)
 
 
-def _huber(x, t, delta):
+def _huber(x, t, delta=1.0):
     d = jnp.abs(x - t)
     return jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
 
@@ -619,4 +620,265 @@ def _native_dropout(ctx, x, p, train):
 
 @lowers(aten.native_dropout_backward.default)
 def _native_dropout_backward(ctx, g, mask, scale):
-    return jnp.where(mask, g * jnp.asarray(scale, g.dtype), 0)
+    # grad * mask * scale: a bool or integer grad times the float scale is float (ctx.dtype)
+    return jnp.where(mask, g.astype(ctx.dtype) * jnp.asarray(scale, ctx.dtype), 0)
+
+
+# ---- distances ----
+
+
+def _pairwise_diff(x1, x2):
+    """``(..., P, R, M)``: every row of ``x1`` minus every row of ``x2`` (batch dims broadcast)."""
+    return x1[..., :, None, :] - x2[..., None, :, :]
+
+
+def _dist_grad(diff, dist, p: float):
+    """d dist / d diff as PyTorch's kernels define it: 0 where the distance is 0, every maximal
+    coordinate for p = inf, and 0 for p < 1 where a coordinate difference is 0."""
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        t = jnp.sign(diff)
+    elif p == math.inf:
+        t = jnp.sign(diff) * (jnp.abs(diff) == dist)
+    elif p == 2:
+        t = diff / dist
+    elif p < 2:
+        t = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / dist ** (p - 1)
+        t = jnp.where(diff == 0, 0, t) if p < 1 else t
+    else:
+        t = diff * jnp.abs(diff) ** (p - 2) / dist ** (p - 1)
+    return jnp.where(dist == 0, 0, t)
+
+
+@lowers(aten._cdist_forward.default)
+def _cdist_forward(ctx, x1, x2, p, compute_mode=None):
+    # computed from the differences whatever compute_mode says: the matmul form only loses precision
+    return vector_norm(jnp.abs(_pairwise_diff(_acc(x1), _acc(x2))), -1, p)
+
+
+@lowers(aten._cdist_backward.default)
+def _cdist_backward(ctx, g, x1, x2, p, dist):
+    # the gradient for x1 only (autograd calls it again with the arguments swapped for x2), at the
+    # batch-broadcast shape: autograd sums it back over broadcast dims. PyTorch returns zeros shaped
+    # like x1 for p = 0 and empty inputs.
+    if p == 0 or 0 in (*g.shape, *x1.shape, *x2.shape):
+        return jnp.zeros(ctx.shape, _acc(x1).dtype)
+    term = _dist_grad(_pairwise_diff(_acc(x1), _acc(x2)), _acc(dist)[..., None], p)
+    return jnp.broadcast_to((_acc(g)[..., None] * term).sum(-2), ctx.shape)
+
+
+@lowers(aten._pdist_forward.default)
+def _pdist_forward(ctx, x, p=2.0):
+    i, j = np.triu_indices(x.shape[0], 1)  # the pairs i < j, row-major, as PyTorch lists them
+    x = _acc(x)
+    return vector_norm(jnp.abs(x[i] - x[j]), -1, p)
+
+
+@lowers(aten._pdist_backward.default)
+def _pdist_backward(ctx, g, x, p, dist):
+    i, j = np.triu_indices(x.shape[0], 1)
+    x = _acc(x)
+    t = _acc(g)[:, None] * _dist_grad(x[i] - x[j], _acc(dist)[:, None], p)
+    return jnp.zeros(x.shape, t.dtype).at[i].add(t).at[j].add(-t)
+
+
+# ---- grid sampling (2-d and 3-d; modes: 0 bilinear, 1 nearest, 2 bicubic; padding: 0 zeros,
+# 1 border, 2 reflection), written as PyTorch's kernels compute, so jax's gradient is theirs ----
+
+
+def _unnormalize(coord, size: int, align_corners: bool):
+    """Grid coordinates in [-1, 1] to pixel coordinates."""
+    return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+
+
+def _reflect(c, twice_low: int, twice_high: int):
+    if twice_low == twice_high:
+        return jnp.zeros_like(c)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    c = jnp.abs(c - low)
+    extra = jnp.fmod(c, span)
+    even = jnp.fmod(jnp.floor(c / span), 2) == 0
+    return jnp.where(even, extra + low, span - extra + low)
+
+
+def _pad_reflection(c, size: int, align_corners: bool):
+    c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+    return jnp.clip(c, 0, size - 1)
+
+
+_GRID_PADDING = (
+    lambda c, size, align_corners: c,
+    lambda c, size, align_corners: jnp.clip(c, 0, size - 1),
+    _pad_reflection,
+)
+
+
+def _gather_points(x, coords):
+    """``x[n, :, *coords[n]]`` for integer-valued float coordinates ``(N, *out)`` per spatial axis; 0 outside."""
+    n, c, *sizes = x.shape
+    valid = functools.reduce(jnp.logical_and, [(k >= 0) & (k <= s - 1) for k, s in zip(coords, sizes)])
+    flat = jnp.zeros(coords[0].shape, jnp.int32)
+    for k, s in zip(coords, sizes):
+        flat = flat * s + jnp.clip(k, 0, s - 1).astype(jnp.int32)
+    vals = jax.vmap(lambda xb, ib: xb[:, ib])(x.reshape(n, c, -1), flat.reshape(n, -1))
+    return vals.reshape(n, c, *coords[0].shape[1:]) * valid[:, None].astype(x.dtype)
+
+
+def _sample_bilinear(x, coords):
+    lows = [jnp.floor(k) for k in coords]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=len(coords)):
+        weight = functools.reduce(
+            jnp.multiply, [k - lo if bit else 1 - (k - lo) for k, lo, bit in zip(coords, lows, corner)]
+        )
+        out = out + _gather_points(x, [lo + bit for lo, bit in zip(lows, corner)]) * weight[:, None]
+    return out
+
+
+def _sample_nearest(x, coords):
+    return _gather_points(x, [jnp.round(k) for k in coords])  # half to even, as nearbyint
+
+
+def _cubic_weights(t, a=-0.75):
+    near = lambda s: ((a + 2) * s - (a + 3)) * s * s + 1  # noqa: E731
+    far = lambda s: ((a * s - 5 * a) * s + 8 * a) * s - 4 * a  # noqa: E731
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _sample_bicubic(x, coords, pad, align_corners):
+    # unpadded coordinates; each of the 4**nd taps is padded (border/reflection) and bounds-checked,
+    # then interpolated along the fastest axis first, as PyTorch's kernels sum
+    sizes = x.shape[2:]
+    lows = [jnp.floor(k) for k in coords]
+    weights = [_cubic_weights(k - lo) for k, lo in zip(coords, lows)]
+
+    def interpolate(taps):
+        axis = len(taps)
+        if axis == len(coords):
+            return _gather_points(x, [pad(lo - 1 + t, s, align_corners) for lo, t, s in zip(lows, taps, sizes)])
+        return functools.reduce(jnp.add, [interpolate((*taps, t)) * weights[axis][t][:, None] for t in range(4)])
+
+    return interpolate(())
+
+
+def _grid_sample(x, grid, mode: int, padding_mode: int, align_corners: bool):
+    # in the input's dtype: PyTorch's kernels round half-precision coordinates too
+    sizes = x.shape[2:]
+    nd = len(sizes)
+    # the grid's last axis gives the fastest spatial axis first: (x, y[, z]) for (..., [D,] H, W)
+    coords = [_unnormalize(grid[..., nd - 1 - a], sizes[a], align_corners) for a in range(nd)]
+    pad = _GRID_PADDING[padding_mode]
+    if mode == 2:
+        return _sample_bicubic(x, coords, pad, align_corners)
+    coords = [pad(k, s, align_corners) for k, s in zip(coords, sizes)]
+    return (_sample_bilinear, _sample_nearest)[mode](x, coords)
+
+
+@lowers(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def _grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def _grid_sampler_backward(ctx, g, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    f = functools.partial(_grid_sample, mode=interpolation_mode, padding_mode=padding_mode, align_corners=align_corners)
+    return _vjp(f, (x, grid), g, output_mask)
+
+
+# ---- embedding bags (modes: 0 sum, 1 mean, 2 max) ----
+
+
+def _bag_terms(indices, offsets, n_bags: int, padding_idx: int):
+    """Each index's bag (offset2bag) and whether it counts (not padding_idx)."""
+    # with include_last_offset the final offset only closes the last bag: entries past it join that bag
+    bag = jnp.searchsorted(offsets[:n_bags], jnp.arange(indices.shape[0], dtype=offsets.dtype), side="right") - 1
+    keep = (indices != padding_idx) & (bag >= 0)
+    return bag, keep
+
+
+def _bag_max(rows, keep, bag, indices, n_bags, bag_size):
+    """Per bag and column: the maximum and the weight row it came from (the first on ties); 0 for empty bags."""
+    rows = jnp.where(keep[:, None], rows, -jnp.inf)
+    best = jax.ops.segment_max(rows, bag, n_bags)
+    n = indices.shape[0]
+    is_best = keep[:, None] & (rows == best[jnp.clip(bag, 0)])
+    first = jax.ops.segment_min(jnp.where(is_best, jnp.arange(n)[:, None], n), bag, n_bags)
+    empty = (bag_size == 0)[:, None]
+    arg = indices[jnp.clip(first, 0, n - 1)] if n else jnp.zeros(first.shape, indices.dtype)
+    return jnp.where(empty, 0, best), jnp.where(empty, 0, arg)
+
+
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(
+    ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+    include_last_offset=False, padding_idx=-1,
+):  # fmt: skip
+    n_bags = ctx.shape[0]
+    bag, keep = _bag_terms(indices, offsets, n_bags, padding_idx)
+    rows = _acc(weight)[indices]
+    if per_sample_weights is not None:
+        rows = rows * _acc(per_sample_weights)[:, None]
+    bag_size = jax.ops.segment_sum(keep.astype(jnp.int64), bag, n_bags)
+    max_indices = jnp.zeros(ctx.avals[3].shape, jnp.int64)
+    if mode == 2:
+        out, max_indices = _bag_max(rows, keep, bag, indices, n_bags, bag_size)
+    else:
+        out = jax.ops.segment_sum(jnp.where(keep[:, None], rows, 0), bag, n_bags)
+        out = out / jnp.maximum(bag_size, 1)[:, None].astype(out.dtype) if mode == 1 else out
+    # the meta kernel sizes bag_size by the offsets (one more with include_last_offset): pad to it
+    bag_size = jnp.zeros(ctx.avals[2].shape, bag_size.dtype).at[:n_bags].set(bag_size)
+    return out, bag, bag_size, max_indices
+
+
+def _embedding_bag_grad(g, indices, offset2bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, psw, pad):
+    g = _acc(g)
+    if mode == 2:
+        cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
+        live = (bag_size[: g.shape[0]] > 0)[:, None]
+        return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[max_indices, cols].add(jnp.where(live, g, 0))
+    keep = (indices != pad) & (offset2bag >= 0)
+    scale = keep.astype(g.dtype)
+    if mode == 1:
+        scale = scale / jnp.maximum(bag_size[offset2bag], 1)
+    if psw is not None:
+        scale = scale * _acc(psw)
+    if scale_grad_by_freq:
+        scale = scale / jnp.zeros(num_weights, g.dtype).at[indices].add(1)[indices]
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(g[offset2bag] * scale[:, None])
+
+
+@lowers(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(
+    ctx, g, indices, offsets, offset2bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, sparse,
+    per_sample_weights, padding_idx=-1,
+):  # fmt: skip
+    # sparse=True gets the dense gradient: lazyxla has no sparse tensors
+    args = (num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return _embedding_bag_grad(g, indices, offset2bag, bag_size, max_indices, *args)
+
+
+@lowers(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(
+    ctx, g, indices, offset2bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights,
+    padding_idx=-1,
+):  # fmt: skip
+    args = (num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return _embedding_bag_grad(g, indices, offset2bag, bag_size, max_indices, *args)
+
+
+@lowers(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(ctx, g, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    keep = (indices != padding_idx) & (offset2bag >= 0)
+    grads = (_acc(g)[offset2bag] * _acc(weight)[indices]).sum(1)
+    return jnp.where(keep, grads, 0)
+
+
+@lowers(aten.embedding_renorm.default)
+def _embedding_renorm(ctx, weight, indices, max_norm, norm_type):
+    # the rows that ``indices`` names and whose norm exceeds max_norm are scaled down to it
+    # rounded as PyTorch's kernel rounds half-precision weights: the norm and the scale to the weight's dtype
+    norms = vector_norm(jnp.abs(_acc(weight)), -1, norm_type).astype(weight.dtype).astype(_acc(weight).dtype)
+    named = jnp.zeros(weight.shape[0], bool).at[indices].set(True)
+    scale = jnp.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1)
+    return weight * scale[:, None].astype(weight.dtype)

@@ -158,6 +158,11 @@ def _sign(x):
     return x if x.dtype == np.bool_ else (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
+def _sgn(x):
+    # complex: z / |z|, 0 at 0 (PyTorch's complex division: an infinite z gives nan)
+    return jnp.where(x == 0, 0, x / jnp.abs(x).astype(x.dtype)) if jnp.iscomplexobj(x) else _sign(x)
+
+
 def _frac(x):
     return x - jnp.trunc(x)
 
@@ -232,7 +237,10 @@ for op, f in [
     (aten.neg.default, jnp.negative),
     (aten.abs.default, jnp.abs),
     (aten.sign.default, _sign),
-    (aten.sgn.default, _sign),
+    (aten.sgn.default, _sgn),
+    (aten._conj_copy.default, jnp.conj),
+    (aten.conj_physical.default, jnp.conj),
+    (aten._conj_physical.default, jnp.conj),
     (aten.exp.default, jnp.exp),
     (aten.exp2.default, jnp.exp2),
     (aten.expm1.default, jnp.expm1),
@@ -260,7 +268,6 @@ for op, f in [
     (aten.erfc.default, jax.scipy.special.erfc),
     (aten.erfinv.default, jax.scipy.special.erfinv),
     (aten.lgamma.default, jax.scipy.special.gammaln),
-    (aten.digamma.default, jax.scipy.special.digamma),
     (aten.i0.default, jax.scipy.special.i0),
     (aten.sinc.default, jnp.sinc),
     (aten.deg2rad.default, jnp.deg2rad),
@@ -376,6 +383,16 @@ def _heaviside(ctx, x, values):
     return jnp.where(x == 0, _as(values, dt), (x > 0).astype(dt))
 
 
+@lowers(aten.complex.default)
+def _complex(ctx, re, im):
+    return lax.complex(re, im).astype(ctx.dtype)
+
+
+@lowers(aten.polar.default)
+def _polar(ctx, r, theta):
+    return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta)).astype(ctx.dtype)
+
+
 @lowers(aten.logit.default)
 def _logit(ctx, x, eps=None):
     x = x.astype(ctx.dtype)
@@ -384,9 +401,107 @@ def _logit(ctx, x, eps=None):
     return jnp.log(x / (1 - x))
 
 
+# ---- digamma, polygamma: PyTorch's CPU algorithms (Cephes), whose values differ from jax's off the
+# positive axis (jax's zeta is wrong for a negative q; its digamma gives nan at 0) ----
+
+
+def _digamma(x):
+    # PyTorch: digamma(+-0) = -+inf (C++'s and SciPy's convention); jax gives nan
+    return jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), jax.scipy.special.digamma(x))
+
+
+def _trigamma(x):
+    # float32 (and lower) compute in float32, as PyTorch's ``trigamma(float)``
+    sign = jnp.where(x < 0.5, -1.0, 1.0).astype(x.dtype)
+    result = jnp.where(x < 0.5, -((np.pi * np.pi) / jnp.square(jnp.sin(np.pi * x))).astype(x.dtype), 0)
+    x = jnp.where(x < 0.5, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1 / 6 - ixx * (1 / 30 - ixx * (1 / 42)))) / x
+    return sign * result
+
+
+# Euler-Maclaurin coefficients of Cephes' zeta
+_ZETA_A = (
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
+_MACHEP = 1.11022302462515654042e-16
+
+
+def _zeta(x: float, q):
+    """Hurwitz zeta(x, q) for a constant integer ``x`` > 1, as PyTorch's CPU kernel (Cephes) computes it
+    in double from the first term ``q**-x`` in ``q``'s dtype: sum terms
+    until ``q + k > 9`` and at least 9 of them (stopping early once they are negligible), then an
+    Euler-Maclaurin tail. A negative ``q`` takes as many terms as it needs to pass 9 (a while loop)."""
+    s = jnp.power(q, -x).astype(np.float64)  # PyTorch: std::pow(scalar_t, scalar_t), then double
+    q = q.astype(np.float64)
+
+    def step(c):
+        i, a, b, s, live, early = c
+        a1 = a + 1
+        b1 = jnp.power(a1, -x)
+        s1 = s + b1
+        small = (-_MACHEP * s1 < b1) & (b1 < _MACHEP * s1)
+        i = i + 1
+        upd = lambda new, old: jnp.where(live, new, old)  # noqa: E731
+        early = early | (live & small)
+        a, b, s = upd(a1, a), upd(b1, b), upd(s1, s)
+        live = live & ~small & ((i < 9) | (a <= 9))
+        return i, a, b, s, live, early
+
+    pole = (q <= 0) & (q == jnp.floor(q))  # infinite (-inf too: the loop would never pass 9)
+    init = (0, q, jnp.zeros_like(q), s, ~pole, pole)
+    _, a, b, s, _, done = lax.while_loop(lambda c: jnp.any(c[4]), step, init)
+    w = a
+    s = s + b * w / (x - 1) - 0.5 * b
+    a, k = 1.0, 0.0
+    for coef in _ZETA_A:
+        a = a * (x + k)
+        b = b / w
+        t = a * b / coef
+        s = jnp.where(done, s, s + t)
+        done = done | (jnp.abs(t / s) < _MACHEP)
+        k += 1
+        a = a * (x + k)
+        b = b / w
+        k += 1
+    return jnp.where(pole, jnp.inf, s)
+
+
+def _float32_at_least(x, dt):
+    # PyTorch computes these in float for float16/bfloat16
+    return x.astype(dt if dt == np.float64 else np.dtype(np.float32))
+
+
+@lowers(aten.digamma.default)
+def _digamma_rule(ctx, x):
+    return _digamma(_float32_at_least(x, ctx.dtype))
+
+
 @lowers(aten.polygamma.default)
 def _polygamma(ctx, n, x):
-    return jax.scipy.special.polygamma(n, x.astype(ctx.dtype))
+    x = _float32_at_least(x, ctx.dtype)
+    ct = x.dtype
+    if n == 0:
+        return _digamma(x)
+    if n == 1:
+        return _trigamma(x)
+    # (-1)^(n+1) n! zeta(n+1, x), zeta accumulated in float64 (PyTorch's acc_type on the CPU)
+    z = _zeta(float(n + 1), x).astype(ct)
+    return (1 if n % 2 else -1) * jnp.exp(jax.scipy.special.gammaln(jnp.asarray(n + 1.0, ct))) * z
 
 
 # ---- activations ----
@@ -514,3 +629,29 @@ def _linspace(ctx, start, end, steps, **_):
     step = (end - start) / (steps - 1)
     i = jnp.arange(steps)
     return jnp.where(i < steps // 2, start + step * i.astype(ct), end - step * (steps - 1 - i).astype(ct))
+
+
+@lowers(aten.logspace.default)
+def _logspace(ctx, start, end, steps, base=10.0, **_):
+    # PyTorch's CPU kernel: start and end in the output dtype, exponents and powers in double (complex:
+    # all in the output dtype); from the start for the first half, from the end for the second
+    dt = ctx.dtype
+    if steps <= 1:
+        exponent = complex(start) if jnp.issubdtype(dt, jnp.complexfloating) else float(start)
+        with np.errstate(all="ignore"):
+            return jnp.full((steps,), np.power(np.float64(base), exponent), dt)
+    ct = dt if jnp.issubdtype(dt, jnp.complexfloating) else np.dtype(np.float64)
+    s, e = np.asarray(start).astype(dt), np.asarray(end).astype(dt)
+    step = np.asarray(e - s).astype(ct) / ct.type(steps - 1)
+    i = jnp.arange(steps)
+    exponent = jnp.where(
+        i < steps // 2, s.astype(ct) + step * i.astype(ct), e.astype(ct) - step * (steps - 1 - i).astype(ct)
+    )
+    out = jnp.power(jnp.asarray(base, ct), exponent)
+    # an integer result converts through int64, so out-of-range values wrap as on the CPU (uint8: 256 -> 0)
+    return out.astype(np.int64).astype(dt) if jnp.issubdtype(dt, jnp.integer) else out
+
+
+@lowers(aten.eye.default, aten.eye.m)
+def _eye(ctx, n, m=None, **_):
+    return jnp.eye(n, m, dtype=ctx.dtype)

@@ -66,6 +66,16 @@ def _normal_float(ctx, mean, std, size, **_):
     return jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean
 
 
+@lowers(aten.rand.default, aten.rand.generator, random=True)
+def _rand(ctx, size, **_):
+    return _uniform01(ctx)
+
+
+@lowers(aten.randn.default, aten.randn.generator, random=True)
+def _randn(ctx, size, **_):
+    return jax.random.normal(ctx.key, ctx.shape, _float(ctx))
+
+
 @lowers(aten.rand_like.default, aten.rand_like.generator, random=True)
 def _rand_like(ctx, x, **_):
     return _uniform01(ctx)

@@ -178,12 +178,17 @@ _NORMS = {
 }
 
 
+def vector_norm(a, axes, p: float):
+    """The ``p``-norm (a Python number: 0, inf and -inf included) of the absolute values ``a`` over ``axes``."""
+    return _NORMS.get(p, _pnorm)(a, axes, p)
+
+
 @lowers(aten.linalg_vector_norm.default)
 def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     a = jnp.abs(x.astype(ctx.dtype) if dtype is not None else x).astype(_acc(ctx.dtype))
     axes = _axes(dim, x.ndim)
     if not isinstance(ord, jax.Array):
-        return _NORMS.get(ord, _pnorm)(a, axes, ord).reshape(ctx.shape)
+        return vector_norm(a, axes, ord).reshape(ctx.shape)
     # a float ord is a graph input (a traced 0-d array): select among the norms it may name
     out = _pnorm(a, axes, ord)
     for p in (2, 0, -_INF, _INF):
