@@ -87,6 +87,9 @@ KERNELS = {
 # Factories recorded whole: their CompositeExplicit kernels would write into a resized out= tensor
 # (arange, ...) or record two ops where one does (rand, randn: empty, then an in-place draw).
 _FACTORIES = (
+    "eye",
+    "eye.m",
+    "logspace",
     "arange",
     "arange.start",
     "arange.start_step",

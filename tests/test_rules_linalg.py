@@ -80,3 +80,9 @@ def test_qr_reconstructs():
     torch.testing.assert_close((q @ r).cpu(), a)
     torch.testing.assert_close((q.T @ q).cpu(), torch.eye(3, dtype=torch.float64))
     assert torch.allclose(torch.triu(r).cpu(), r.cpu())
+
+
+def test_matrix_power_zero():
+    # n=0 is the identity: PyTorch builds it with eye (whose out= kernel would resize its output)
+    check(lambda a: torch.linalg.matrix_power(a, 0), _r(2, 3, 3), grad=True, **TOL)
+    check(lambda a: torch.linalg.matrix_power(a, 3), _r(2, 3, 3), grad=True, **TOL)

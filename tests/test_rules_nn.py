@@ -248,6 +248,20 @@ def test_regression_losses(reduction):
     check(lambda x, t: F.huber_loss(x, t, reduction=reduction, delta=0.7), x, t, grad=True, **TOL)
 
 
+def test_regression_losses_default_beta_delta():
+    x, t = _r(4, 5), _r(4, 5, seed=1, grad=False)
+    check(lambda x, t: F.smooth_l1_loss(x, t), x, t, grad=True, **TOL)
+    check(lambda x, t: F.huber_loss(x, t), x, t, grad=True, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
+def test_native_dropout_backward_dtypes(dtype):
+    # grad * mask * scale: a bool or integer grad gives a float result
+    g = (_r(4, 5, grad=False) * 3).to(dtype)
+    mask = _r(4, 5, seed=1, grad=False) > 0
+    check(lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 1.5), g, mask)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_cross_entropy(reduction):
     p = torch.sigmoid(_r(4, 5, grad=False)).requires_grad_()

@@ -454,6 +454,43 @@ def test_polygamma():
     check(lambda x: torch.polygamma(2, x), _f(3, 4, lo=0.5, hi=3), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_polygamma_negative_and_poles(n):
+    # PyTorch's Cephes algorithms: values for a negative x (jax's zeta is wrong there), +-inf at the
+    # poles (jax gives nan), the first zeta term rounded in float32; ints and bools promote to float
+    x = torch.tensor([-8.4784, -0.49977, -2.5, -3.0, 0.0, -0.0, 1e-3, 0.5, 7.3, float("inf"), float("nan")])
+    check_nan(lambda x: torch.polygamma(n, x), x)
+    check_nan(lambda x: torch.polygamma(n, x), x.double())
+    check_nan(lambda x: torch.polygamma(n, x), _i(3, 4))
+    check_nan(lambda x: torch.polygamma(n, x), _b(3, 4))
+    check(lambda x: torch.polygamma(n, x), _f(3, 4, lo=-5, hi=5), rtol=1e-4, atol=1e-5)
+
+
+def test_digamma_at_zero():
+    check_nan(torch.digamma, torch.tensor([0.0, -0.0, -2.0, -2.5, 3.0]))
+    check_nan(torch.digamma, _i(3, 4))
+    check_nan(torch.digamma, _b(3, 4))
+    x = _f(3, 4, lo=0.5, hi=3, grad=True)
+    check(torch.digamma, x, grad=True, rtol=1e-4, atol=1e-4)  # backward: polygamma(1, x)
+
+
+def test_complex_sgn_polar_conj():
+    z = torch.tensor([3 + 4j, 0j, -1 - 1j, complex(float("inf"), 1), complex(0, -2)], dtype=torch.complex64)
+    check_nan(torch.sgn, z)
+    check(lambda z: torch.conj_physical(z), z[:3])
+    check(lambda z: z.conj().clone(), z[:3])
+    r, theta = _f(4, 1, lo=0.5, hi=3), _f(3, lo=-3, hi=3)
+    check(torch.polar, r, theta)
+    check(torch.complex, r, theta)
+    # polar's backward takes sgn of its complex result
+    check(
+        lambda r, t: torch.polar(r, t).abs() * torch.polar(r, t).real,
+        r.requires_grad_(),
+        theta.requires_grad_(),
+        grad=True,
+    )
+
+
 # ---- fills and factories ----
 
 
@@ -505,6 +542,28 @@ def test_factories(fn):
     assert actual.device.type == "lazyxla"
     # linspace: PyTorch's vectorized CPU kernel rounds differently from lane to lane
     torch.testing.assert_close(actual.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: torch.logspace(0, -3, 1, device=d),
+        lambda d: torch.logspace(2.5, -3.7, 7, base=2.0, device=d),
+        lambda d: torch.logspace(1.1, 2.9, 9, base=3.0, dtype=torch.int64, device=d),
+        lambda d: torch.logspace(0.3, 10, 11, base=2, dtype=torch.uint8, device=d),  # 256 wraps to 0
+        lambda d: torch.logspace(-2.5, 4, 1, base=2.0, dtype=torch.int64, device=d),
+        lambda d: torch.logspace(-1, 1.3, 0, device=d),
+        lambda d: torch.logspace(1, 3, 5, dtype=torch.float16, device=d),
+        lambda d: torch.eye(3, device=d),
+        lambda d: torch.eye(2, 4, dtype=torch.int64, device=d),
+    ],
+)
+def test_logspace_eye(fn):
+    # recorded whole: their CompositeExplicit kernels write into a resized out= tensor
+    expected = fn(torch.device("cpu"))
+    actual = fn(lazyxla.device())
+    assert actual.device.type == "lazyxla"
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-6, atol=0)
 
 
 # ---- in-place forms come through functionalization ----

@@ -386,11 +386,12 @@ def _functional_of_out(func):
 def _out_variant(func, args, kwargs):
     """An ``out=`` op below functionalization (from a decomposition): compute, then rebind ``out``."""
     functional = _functional_of_out(func)
-    if functional is None:
-        return _fallback(func, args, kwargs)
-    kwargs = dict(kwargs)
-    outs = [kwargs.pop(a.name) for a in func._schema.arguments if a.is_out and a.name in kwargs]
-    result = dispatch(functional, args, kwargs)
+    outs = [kwargs[a.name] for a in func._schema.arguments if a.is_out and a.name in kwargs]
+    if functional is None:  # the CPU runs it into CPU copies of out: their values come back below
+        result = _fallback(func, args, kwargs)
+    else:
+        kwargs = {k: v for k, v in kwargs.items() if not any(v is o for o in outs)}
+        result = dispatch(functional, args, kwargs)
     results = result if isinstance(result, (list, tuple)) else (result,)
     for o, r in zip(outs, results):
         if tuple(o.shape) != tuple(r.shape):

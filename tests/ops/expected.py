@@ -68,6 +68,11 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
         "its custom autograd Function writes into a buffer PyTorch's functionalization does not wrap "
         "(internal assert: mutating a non-functional tensor with a functional tensor)"
     ),
+    ("linalg.eigh", "*", "forward"): (
+        "eigenvectors are unique only up to sign (phase for complex): LAPACK's syevd/heevd as PyTorch's CPU "
+        "build calls it and jax's CPU eigh pick different signs for some columns (UPLO='U' samples); "
+        "eigenvalues match, and the gradient test (OpInfo compares |eigenvectors|) passes"
+    ),
     ("div.trunc_rounding", "float16", "forward"): (
         "PyTorch's CPU kernel rounds the float16 quotient before truncating on its scalar path only; a "
         "one-ulp quotient difference moves trunc by 1"
@@ -80,6 +85,35 @@ TOLERANCE_OVERRIDES: dict[tuple[str, str], tuple[float, float, str]] = {
         1e-4,
         5e-4,
         "normalizing one element: the exact input gradient is 0; eager's rounding leaves ~1e-4 (rstd = 316)",
+    ),
+    ("native_layer_norm", "grad"): (
+        1e-4,
+        5e-4,
+        "normalizing one element: x - mean is exactly 0 on lazyxla; eager's rounded mean leaves ~1e-7, times "
+        "rstd = 316 in the weight gradient (~6e-5)",
+    ),
+    ("cov", "grad"): (
+        1e-4,
+        1e-4,
+        "aweights gradients that cancel exactly to 0 in eager from terms of ~12: XLA's reassociated sums "
+        "leave float32 rounding residue (~3e-5)",
+    ),
+    ("logcumsumexp", "grad"): (
+        5e-3,
+        1e-4,
+        "samples hold 1e4: the backward exponentiates differences of logcumsumexps near -1e4, where float32's "
+        "spacing (1e-3) is a 1e-3 relative error in eager and lazyxla alike (each within it of float64)",
+    ),
+    ("linalg.householder_product", "grad"): (
+        1e-3,
+        5e-3,
+        "large tau (|tau| up to 4.4) makes the backward ill-conditioned: gradients reach ~200, and eager's "
+        "float32 error against float64 is 4e-3 (lazyxla's 9e-4)",
+    ),
+    ("nn.functional.conv_transpose3d", "grad"): (
+        5e-4,
+        1e-4,
+        "float32 sums over the kernel volume in a different order: ~1 in 500 elements differs by 1.4e-4 relative",
     ),
 }
 

@@ -385,11 +385,12 @@ def _heaviside(ctx, x, values):
 
 @lowers(aten.complex.default)
 def _complex(ctx, re, im):
-    return lax.complex(re, im).astype(ctx.dtype)
+    return lax.complex(*(jnp.broadcast_to(x, ctx.shape) for x in (re, im))).astype(ctx.dtype)
 
 
 @lowers(aten.polar.default)
 def _polar(ctx, r, theta):
+    r, theta = (jnp.broadcast_to(x, ctx.shape) for x in (r, theta))
     return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta)).astype(ctx.dtype)
 
 
