@@ -293,7 +293,19 @@ def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, mom
     return out[:3]
 
 
+def _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps):
+    # In eval mode PyTorch's CPU kernel returns empty saved statistics; the meta kernel says (C,).
+    out = record(
+        aten._native_batch_norm_legit_no_training.default, (x, w, b, running_mean, running_var, momentum, eps), {}
+    )
+    kw = {"dtype": out[1].dtype, "device": torch.device("lazyxla", x._value[0].device)}
+    empty = record(aten.empty.memory_format, ([0],), kw)
+    return out[0], empty, _alias(empty)
+
+
 def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training and running_mean is not None:
+        return _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps)
     if not training or running_mean is None:
         return record(aten.native_batch_norm.default, (x, w, b, running_mean, running_var, training, momentum, eps), {})
     return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
@@ -301,9 +313,7 @@ def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, e
 
 def _native_batch_norm_legit(x, w, b, running_mean, running_var, training, momentum, eps):
     if not training:
-        return record(
-            aten._native_batch_norm_legit_no_training.default, (x, w, b, running_mean, running_var, momentum, eps), {}
-        )
+        return _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps)
     return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
 
 

@@ -27,6 +27,11 @@ NONDETERMINISTIC = {
 
 SKIP_OPS: dict[str, str] = {}
 
+_FLOAT_TO_INT = (
+    "casting NaN, inf or out-of-range floats to an integer is undefined in C++: PyTorch's CPU kernel and "
+    "XLA's conversion give different integers for those samples (in-range values match)"
+)
+
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     **{
         (op, dtype, "forward"): (
@@ -55,6 +60,15 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     ),
     ("nn.functional.multilabel_margin_loss", "float32", "forward"): (
         "a 0-d input with reduction='none': PyTorch's meta kernel says shape (1,), its CPU kernel gives ()"
+    ),
+    ("byte", "float32", "forward"): _FLOAT_TO_INT,
+    ("char", "float32", "forward"): _FLOAT_TO_INT,
+    ("short", "float32", "forward"): _FLOAT_TO_INT,
+    ("int", "float32", "forward"): _FLOAT_TO_INT,
+    ("long", "float32", "forward"): _FLOAT_TO_INT,
+    ("_native_batch_norm_legit", "float32", "forward"): (
+        "called in eval mode, functionalization routes it to _native_batch_norm_legit_functional, whose meta "
+        "kernel gives saved statistics of shape (C,); PyTorch's CPU kernel returns empty ones (values match)"
     ),
     ("chalf", "*", "*"): "complex32 has no XLA type: lazyxla raises TypeError at the call",
     ("to_sparse", "*", "*"): "sparse layouts are not supported: lazyxla tensors are dense XLA arrays",

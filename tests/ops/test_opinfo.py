@@ -12,6 +12,7 @@ which ``python -m lazyxla.tools.coverage`` summarizes.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 
 import pytest
@@ -170,7 +171,29 @@ def _to_dev(sample, op=None):
     out.input = _moved(sample.input, dev)
     if op is None or op.name not in INPUT_ONLY_ON_DEVICE:
         out.args, out.kwargs = _moved(sample.args, dev), _moved(sample.kwargs, dev)
+    if op is not None and "device" not in out.kwargs and not _has_tensor(sample) and _takes_device(op):
+        out.kwargs = {**out.kwargs, "device": dev}  # a factory sample that relies on the default device
     return out
+
+
+def _has_tensor(sample) -> bool:
+    stack = [sample.input, sample.args, sample.kwargs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            return True
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return False
+
+
+def _takes_device(op) -> bool:
+    try:
+        return "device" in inspect.signature(op.op).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _override(op, kind):
