@@ -66,23 +66,14 @@ def _normal_float(ctx, mean, std, size, **_):
     return jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean
 
 
-@lowers(aten.rand.default, aten.rand.generator, random=True)
-def _rand(ctx, size, **_):
+# rand/randn and their _like forms: only the output aval matters (size or the like-tensor give it)
+@lowers(aten.rand.default, aten.rand.generator, aten.rand_like.default, aten.rand_like.generator, random=True)
+def _rand(ctx, size_or_like, **_):
     return _uniform01(ctx)
 
 
-@lowers(aten.randn.default, aten.randn.generator, random=True)
-def _randn(ctx, size, **_):
-    return jax.random.normal(ctx.key, ctx.shape, _float(ctx))
-
-
-@lowers(aten.rand_like.default, aten.rand_like.generator, random=True)
-def _rand_like(ctx, x, **_):
-    return _uniform01(ctx)
-
-
-@lowers(aten.randn_like.default, aten.randn_like.generator, random=True)
-def _randn_like(ctx, x, **_):
+@lowers(aten.randn.default, aten.randn.generator, aten.randn_like.default, aten.randn_like.generator, random=True)
+def _randn(ctx, size_or_like, **_):
     return jax.random.normal(ctx.key, ctx.shape, _float(ctx))
 
 
