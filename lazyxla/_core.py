@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -105,8 +106,36 @@ for _name in _FACTORIES:
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _op)
 
 
+def _scaled_dot_product_attention(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """``F.scaled_dot_product_attention`` on lazyxla tensors: one fused op (lowered in rules/attention.py,
+    backward included) instead of PyTorch's ~20-op math decomposition. Dropout, grouped-query broadcast,
+    inputs that are not 4-d, and ``sdpa_kernel`` disabling the fused kernels take PyTorch's own path."""
+    fused = (
+        torch._C._get_overrideable_sdp_enabled()
+        and not dropout_p
+        and q.dim() == k.dim() == v.dim() == 4
+        and q.shape[1] == k.shape[1] == v.shape[1]
+        and not (is_causal and attn_mask is not None)  # PyTorch rejects the pair; its kernel says how
+    )
+    if not fused:
+        return aten.scaled_dot_product_attention.default.decompose(
+            q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, -math.inf)
+    out = aten._scaled_dot_product_fused_attention_overrideable(
+        q, k, v, attn_mask, dropout_p, is_causal, False, scale=scale
+    )
+    return out[0]
+
+
+AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention}
+
+
 def install() -> None:
-    registration.register(KERNELS, rng.manual_seed, _backend_kernel)
+    registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
 

@@ -278,3 +278,72 @@ def test_compile_cache_is_bounded(dev):
             (x.reshape(1, 3).expand(k + 1, 3) * 2).sum().item()  # four different graphs
         assert len(cache._cache) == 2
         assert lazyxla.metrics.counters()["cache_evictions"] == 2
+
+
+def test_float_to_integer_casts_match_pytorch_out_of_range(dev):
+    """PyTorch converts through a wide integer and keeps the low bits (-1.0 -> uint8 255); XLA saturates."""
+    x = torch.tensor([-1.0, 300.0, 1000.7, -129.5, 70000.0, float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e20])
+    for src in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for dst in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+            want = x.to(src).to(dst)
+            assert torch.equal(x.to(src).to(dev).to(dst).cpu(), want), (src, dst)
+            out = torch.zeros(x.shape, dtype=dst, device=dev)
+            out.copy_(x.to(src).to(dev))
+            assert torch.equal(out.cpu(), want), ("copy_", src, dst)
+
+
+def test_rng_state_get_set_and_fork_rng(dev):
+    state = torch.lazyxla.get_rng_state()
+    assert state.dtype == torch.uint8 and state.shape == (16,)
+    a = torch.rand(4, device=dev).cpu()
+    torch.lazyxla.set_rng_state(state)
+    assert torch.equal(torch.rand(4, device=dev).cpu(), a)
+    with torch.random.fork_rng(device_type="lazyxla"):
+        inside = torch.rand(4, device=dev).cpu()
+    assert torch.equal(torch.rand(4, device=dev).cpu(), inside)  # the fork left the stream where it was
+    with pytest.raises(ValueError, match="get_rng_state"):
+        torch.lazyxla.set_rng_state(torch.zeros(3))
+
+
+_BACKWARD_ERRORS = """
+import torch, lazyxla
+import lazyxla.lazy.record as record
+x = torch.randn(4, 8).to("lazyxla").requires_grad_()
+y = x.sin()
+def hook(g):
+    raise ValueError("raised by a hook")
+y.register_hook(hook)
+try:
+    torch.autograd.grad(y.sum(), [x])
+except ValueError as e:
+    assert "raised by a hook" in str(e), e
+else:
+    raise AssertionError("the hook's error was lost")
+original = record.dispatch
+def refuse_cos(func, args, kwargs):
+    if func is torch.ops.aten.cos.default:
+        raise TypeError("cos refused")
+    return original(func, args, kwargs)
+record.dispatch = refuse_cos
+y = x.sin()
+try:
+    y.sum().backward()
+except TypeError as e:
+    assert "cos refused" in str(e), e
+else:
+    raise AssertionError("the kernel's error was lost")
+record.dispatch = original
+(x.sin().sum()).backward()  # the engine still works afterwards
+assert x.grad is not None and x.grad.shape == (4, 8)
+print("ok")
+"""
+
+
+def test_exceptions_inside_backward_reach_the_caller():
+    """A hook or kernel that raises during backward: the caller gets the exception; the process does not abort
+    (PyTorch's Python device guard would otherwise call back into Python with the error pending)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _BACKWARD_ERRORS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])

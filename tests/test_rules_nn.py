@@ -155,6 +155,10 @@ def test_group_norm(shape, groups):
     check(lambda x: F.group_norm(x, groups), _r(*shape), grad=True, **TOL)
 
 
+def test_group_norm_empty_batch():
+    check(lambda x, w: F.group_norm(x, 1, w), _r(0, 2), _r(2, seed=1), **TOL)
+
+
 def test_half_precision_norms():
     tol = dict(rtol=2e-2, atol=2e-2)
     x = _r(4, 8, dtype=torch.bfloat16)
@@ -193,6 +197,44 @@ def test_scaled_dot_product_attention_masks():
           **TOL)  # fmt: skip
     check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), q, k, v,
           _r(4, 6, grad=False, seed=5), grad=True, **TOL)  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_is_one_op_forward_and_backward(causal, dev):
+    """4-d attention without dropout records PyTorch's overrideable fused op (and its backward), not the
+    ~20-op math decomposition; masks, scale and rectangular causal masks match eager."""
+    import lazyxla
+
+    q, k, v = _r(2, 3, 4, 8), _r(2, 3, 6, 8, seed=1), _r(2, 3, 6, 5, seed=2)
+    dq, dk, dv = (t.detach().to(dev).requires_grad_() for t in (q, k, v))
+    lazyxla.metrics.reset()
+    out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=causal)
+    assert lazyxla.metrics.counters()["ops_recorded"] == 1
+    assert "FusedAttentionOverrideable" in type(out.grad_fn).__name__
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, grad=True, **TOL)
+    bool_mask = torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    bool_mask[:, 0] = True
+    if not causal:
+        check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask, grad=True,
+              **TOL)  # fmt: skip
+        bias = _r(1, 3, 4, 6, seed=4)  # a broadcast additive mask that requires grad
+        check(lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, attn_mask=b, scale=0.2), q, k, v, bias,
+              grad=True, **TOL)  # fmt: skip
+    half = dict(rtol=2e-2, atol=2e-2)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+          *(t.detach().to(torch.bfloat16) for t in (q, k, v)), **half)  # fmt: skip
+
+
+def test_attention_paths_pytorch_keeps(dev):
+    """Dropout and grouped-query attention take PyTorch's math path (still on the device)."""
+    import lazyxla
+
+    q, k = _r(2, 4, 3, 8), _r(2, 2, 5, 8, seed=1)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, k, k, grad=True, **TOL)
+    torch.manual_seed(0)
+    out = F.scaled_dot_product_attention(*(t.detach().to(dev) for t in (q, q, q)), dropout_p=0.5)
+    assert out.shape == (2, 4, 3, 8) and torch.isfinite(out.cpu()).all()
+    assert not any(k.startswith("fallback.") for k in lazyxla.metrics.counters())
 
 
 # ---- activations ----
@@ -246,6 +288,24 @@ def test_regression_losses(reduction):
     check(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.5), x, t, grad=True, **TOL)
     check(lambda x, t: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.0), x, t, grad=True, **TOL)
     check(lambda x, t: F.huber_loss(x, t, reduction=reduction, delta=0.7), x, t, grad=True, **TOL)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_losses(reduction):
+    x = _r(3, 5)
+    t = torch.tensor([1, 4, 0])
+    w = _r(5, seed=2, grad=False).abs()
+    check(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), x, t, grad=True, **TOL)
+    check(
+        lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.5, weight=w, reduction=reduction),
+        x, t, w, grad=True, **TOL,
+    )  # fmt: skip
+    # a target row lists classes up to its first -1; the rest of the row is ignored
+    labels = torch.tensor([[2, -1, 4, 1, 3], [0, 1, -1, 0, 0], [4, 3, 2, 1, 0]])
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), x, labels, grad=True, **TOL)
+    # one sample (1-d input, 0-d target): PyTorch gives a 0-d loss
+    check(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), _r(5), t[1], grad=True, **TOL)
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), _r(5), labels[0], grad=True, **TOL)
 
 
 def test_regression_losses_default_beta_delta():

@@ -188,3 +188,28 @@ def test_item_in_the_middle_of_a_training_step(dev):
     torch.testing.assert_close(torch.tensor(seen), torch.tensor(ref_seen), rtol=1e-5, atol=1e-6)
     for k in ref_state:
         torch.testing.assert_close(state[k], ref_state[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_activation_checkpointing_replays_dropout(p, dev):
+    """torch.utils.checkpoint recomputes the forward in backward with the RNG state saved in the forward."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(device, use_checkpoint):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8).to(device)
+        x = torch.randn(4, 8).to(device).requires_grad_()
+
+        def f(x):
+            return F.dropout(lin(x), p, training=True).sin()
+
+        y = checkpoint(f, x, use_reentrant=False) if use_checkpoint else f(x)
+        grads = torch.autograd.grad(y.sum(), [x, lin.weight])
+        return [t.cpu() for t in (y, *grads)]
+
+    plain, checkpointed = run(dev, False), run(dev, True)
+    for a, b in zip(plain, checkpointed):
+        torch.testing.assert_close(a, b)
+    if p == 0.0:
+        for a, b in zip(run("cpu", False), checkpointed):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

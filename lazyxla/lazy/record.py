@@ -195,7 +195,9 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
         try:
             out = func(*margs, **mkw)
         except NotImplementedError as e:  # no meta kernel, or a data-dependent shape (a boolean mask)
-            raise _NoMeta(str(e)) from e
+            if func not in _MISSING_META:
+                raise _NoMeta(str(e)) from e
+            out = _MISSING_META[func](*margs, **mkw)
     avals: list = []
     result = (_spec(out, avals), tuple(avals))
     for aval in result[1]:
@@ -203,6 +205,13 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     if key is not None:
         _meta_cache[key] = result
     return result
+
+
+# Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).
+_MISSING_META = {
+    aten.multi_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
+    aten.multilabel_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
+}
 
 
 def _no_python_dispatch():
@@ -317,6 +326,14 @@ def _native_batch_norm_legit(x, w, b, running_mean, running_var, training, momen
     return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
 
 
+def _native_batch_norm_legit_functional(x, w, b, running_mean, running_var, training, momentum, eps):
+    if not training:  # functionalization's form of _native_batch_norm_legit in eval mode
+        y, save_mean, save_rstd = _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps)
+        return y, save_mean, save_rstd, _alias(running_mean), _alias(running_var)
+    args = (x, w, b, running_mean, running_var, training, momentum, eps)
+    return record(aten._native_batch_norm_legit_functional.default, args, {})
+
+
 def _nonzero(x):
     """``nonzero``'s output shape depends on the data: the input is synced and its nonzero count read
     on the host (counted as the ``data_dependent_syncs`` metric), then ``nonzero_static`` of that size
@@ -327,9 +344,29 @@ def _nonzero(x):
     return record(aten.nonzero_static.default, (x,), {"size": int(_to_cpu(count).item())})
 
 
+def _single_sample_loss(func, single):
+    """PyTorch's CPU margin losses give a 0-d loss for one sample (``single(input, target)``) with
+    reduction='none'; their meta kernels say shape (1,). The loss is recorded, then viewed as 0-d."""
+
+    def handler(*args, **kwargs):
+        out = record(func, args, kwargs)
+        loss = out[0] if type(out) is tuple else out
+        if single(args[0], args[1]) and loss.dim() == 1:
+            loss = record(aten.view.default, (loss, []), {})
+            return (loss, *out[1:]) if type(out) is tuple else loss
+        return out
+
+    return handler
+
+
 _SPECIAL = {
+    aten.multi_margin_loss.default: _single_sample_loss(aten.multi_margin_loss.default, lambda x, t: t.dim() == 0),
+    aten.multilabel_margin_loss_forward.default: _single_sample_loss(
+        aten.multilabel_margin_loss_forward.default, lambda x, t: x.dim() <= 1
+    ),
     aten.native_batch_norm.default: _native_batch_norm,
     aten._native_batch_norm_legit.default: _native_batch_norm_legit,
+    aten._native_batch_norm_legit_functional.default: _native_batch_norm_legit_functional,
     aten.nonzero.default: _nonzero,
     aten.copy.default: _copy,
     aten._to_copy.default: _to_copy,

@@ -1,10 +1,12 @@
 """Lowering rules, one module per op family; importing this package fills the rule table."""
 
 from lazyxla.lowering.rules import (  # noqa: F401
+    attention,
     core,
     fft,
     indexing,
     linalg,
+    loss,
     nn,
     pointwise,
     random,

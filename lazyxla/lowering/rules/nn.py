@@ -18,52 +18,11 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.common import acc, channel, channel_shape, vjp
 from lazyxla.lowering.rules.linalg import jax_gelu
 from lazyxla.lowering.rules.reduction import vector_norm
 
 aten = torch.ops.aten
-
-_LOW = (jnp.float16, jnp.bfloat16)
-
-
-def _acc(x):
-    """Half-precision floats are computed in float32 (PyTorch's accumulate type); the driver casts back."""
-    return x.astype(jnp.float32) if x.dtype in _LOW else x
-
-
-def _vjp(f, primals, g, mask):
-    """Gradients of ``f`` w.r.t. the primals that ``mask`` asks for (None where absent or not asked)."""
-    want = [i for i, p in enumerate(primals) if p is not None and mask[i]]
-
-    def partial_f(*xs):
-        full = list(primals)
-        for i, v in zip(want, xs):
-            full[i] = v
-        return f(*full)
-
-    if not want:
-        return [None] * len(primals)
-    out, pullback = jax.vjp(partial_f, *(primals[i] for i in want))
-    grads = dict(zip(want, pullback(g.astype(out.dtype))))
-    return [grads.get(i) for i in range(len(primals))]
-
-
-def _channel_shape(ndim: int) -> tuple[int, ...]:
-    return (1, -1) + (1,) * (ndim - 2)
-
-
-def _channel(v, ndim: int):
-    """A per-channel vector shaped to broadcast against an ``(N, C, *spatial)`` array."""
-    return v.reshape(_channel_shape(ndim))
-
-
-def _reduce(loss, reduction: int):
-    return (loss, loss.mean(), loss.sum())[reduction]
-
-
-def _reduce_grad(g, n: int, reduction: int):
-    return g / n if reduction == 1 else g
-
 
 # ---- convolution ----
 
@@ -87,7 +46,7 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
             x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=dn,
             feature_group_count=groups,
         )  # fmt: skip
-    return out if bias is None else out + _channel(bias, out.ndim)
+    return out if bias is None else out + channel(bias, out.ndim)
 
 
 def _expand(v, nd: int) -> tuple[int, ...]:
@@ -114,7 +73,7 @@ def _convolution_backward(
         _conv, stride=stride, padding=padding, dilation=dilation, transposed=transposed,
         output_padding=output_padding, groups=groups,
     )  # fmt: skip
-    gx, gw = _vjp(lambda x, w: f(x, w, None), (x, w), g, output_mask[:2])
+    gx, gw = vjp(lambda x, w: f(x, w, None), (x, w), g, output_mask[:2])
     gb = g.sum((0, *range(2, g.ndim))) if output_mask[2] else None
     return gx, gw, gb
 
@@ -193,7 +152,7 @@ def _avg_pool(x, out_sp, kernel, stride, padding, ceil_mode, count_include_pad, 
     in_sp = x.shape[lead:]
     pads = _pool_pads(in_sp, out_sp, kernel, stride, padding, (1,) * nd)
     crop = tuple(slice(0, o) for o in out_sp)
-    total = _window_sum(_acc(x), nd, kernel, stride, pads)[(Ellipsis, *crop)]
+    total = _window_sum(acc(x), nd, kernel, stride, pads)[(Ellipsis, *crop)]
     if divisor_override:
         return total / divisor_override
     # how many elements each window averages: the padded extent counts only with count_include_pad
@@ -219,7 +178,7 @@ def _avg_pool_backward(nd, ctx, g, x, kernel, stride, padding, ceil_mode, count_
         _avg_pool, out_sp=out_sp, kernel=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode,
         count_include_pad=count_include_pad, divisor_override=divisor_override,
     )  # fmt: skip
-    return _vjp(f, (x,), g, (True,))[0]
+    return vjp(f, (x,), g, (True,))[0]
 
 
 lowers(aten.avg_pool2d.default)(functools.partial(_avg_pool_rule, 2))
@@ -238,7 +197,7 @@ def _adaptive_matrix(n: int, out: int) -> np.ndarray:
 
 
 def _adaptive_avg(x, out_sp):
-    x = _acc(x)
+    x = acc(x)
     lead = x.ndim - len(out_sp)
     for axis, out in enumerate(out_sp, lead):
         n = x.shape[axis]
@@ -255,7 +214,7 @@ def _adaptive_avg_rule(ctx, x, output_size):
 
 
 def _adaptive_avg_backward(nd, ctx, g, x):
-    return _vjp(lambda x: _adaptive_avg(x, g.shape[-nd:]), (x,), g, (True,))[0]
+    return vjp(lambda x: _adaptive_avg(x, g.shape[-nd:]), (x,), g, (True,))[0]
 
 
 lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)(_adaptive_avg_rule)
@@ -267,7 +226,7 @@ lowers(aten._adaptive_avg_pool3d_backward.default)(functools.partial(_adaptive_a
 
 
 def _normalize(x, axes, eps):
-    xf = _acc(x)
+    xf = acc(x)
     mean = xf.mean(axes, keepdims=True)
     var = jnp.square(xf - mean).mean(axes, keepdims=True)
     rstd = lax.rsqrt(var + eps)
@@ -303,10 +262,10 @@ def _norm_backward(g, xhat, rstd, w_shaped, stat_axes, param_axes, output_mask):
 @lowers(aten.native_layer_norm_backward.default)
 def _native_layer_norm_backward(ctx, g, x, normalized_shape, mean, rstd, w, b, output_mask):
     k = x.ndim - len(normalized_shape)
-    xhat = (_acc(x) - mean) * rstd
+    xhat = (acc(x) - mean) * rstd
     stat_axes, lead = tuple(range(k, x.ndim)), tuple(range(k))
     mask = (output_mask[0], output_mask[1] and w is not None, output_mask[2] and b is not None)
-    return _norm_backward(_acc(g), xhat, rstd, w, stat_axes, lead, mask)
+    return _norm_backward(acc(g), xhat, rstd, w, stat_axes, lead, mask)
 
 
 def _affine(y, w, b, shape):
@@ -317,8 +276,9 @@ def _affine(y, w, b, shape):
 
 
 def _group_norm(x, w, b, n, c, group, eps):
-    y, mean, rstd, _ = _normalize(x.reshape(n, group, -1), (2,), eps)
-    y = _affine(y.reshape(x.shape), w, b, _channel_shape(x.ndim))
+    # The group size is spelled out: reshape's -1 cannot infer it when the batch is empty.
+    y, mean, rstd, _ = _normalize(x.reshape(n, group, (c // group) * math.prod(x.shape[2:])), (2,), eps)
+    y = _affine(y.reshape(x.shape), w, b, channel_shape(x.ndim))
     return y.astype(x.dtype), mean.reshape(n, group), rstd.reshape(n, group)
 
 
@@ -329,10 +289,10 @@ def _native_group_norm(ctx, x, w, b, n, c, hxw, group, eps):
 
 @lowers(aten.native_group_norm_backward.default)
 def _native_group_norm_backward(ctx, g, x, mean, rstd, w, n, c, hxw, group, output_mask):
-    grouped = (n, group, -1)
-    xhat = ((_acc(x).reshape(grouped) - mean[..., None]) * rstd[..., None]).reshape(x.shape)
-    g = _acc(g)
-    dxhat = g if w is None else g * _channel(w, x.ndim)
+    grouped = (n, group, (c // group) * hxw)
+    xhat = ((acc(x).reshape(grouped) - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    g = acc(g)
+    dxhat = g if w is None else g * channel(w, x.ndim)
     dx, dw, db = _norm_backward(
         dxhat.reshape(grouped), xhat.reshape(grouped), rstd[..., None], None, (2,), (), (output_mask[0], 0, 0)
     )
@@ -349,14 +309,14 @@ def _bn_axes(x):
 def _bn_train(x, w, b, eps):
     """Batch statistics: the normalized output, mean, 1/std and the (biased) variance per channel."""
     y, mean, rstd, var = _normalize(x, _bn_axes(x), eps)
-    y = _affine(y, w, b, _channel_shape(x.ndim))
+    y = _affine(y, w, b, channel_shape(x.ndim))
     return y.astype(x.dtype), mean.reshape(-1), rstd.reshape(-1), var.reshape(-1)
 
 
 def _bn_eval(x, w, b, running_mean, running_var, eps):
-    rstd = lax.rsqrt(_acc(running_var) + eps)
-    y = (_acc(x) - _channel(running_mean, x.ndim)) * _channel(rstd, x.ndim)
-    return _affine(y, w, b, _channel_shape(x.ndim)).astype(x.dtype), rstd
+    rstd = lax.rsqrt(acc(running_var) + eps)
+    y = (acc(x) - channel(running_mean, x.ndim)) * channel(rstd, x.ndim)
+    return _affine(y, w, b, channel_shape(x.ndim)).astype(x.dtype), rstd
 
 
 def _fit(aval, value):
@@ -422,7 +382,7 @@ def _bn_backward(g, x, w, running_mean, running_var, train, eps, output_mask):
         f = lambda x, w, b: _bn_train(x, w, b, eps)[0]  # noqa: E731
     else:
         f = lambda x, w, b: _bn_eval(x, w, b, running_mean, running_var, eps)[0]  # noqa: E731
-    return _vjp(f, (x, w, b), g, output_mask)
+    return vjp(f, (x, w, b), g, output_mask)
 
 
 @lowers(aten.native_batch_norm_backward.default)
@@ -447,18 +407,18 @@ def _on_dim(fn, x, dim):
 
 @lowers(aten._softmax.default)
 def _softmax(ctx, x, dim, half_to_float):
-    return _on_dim(jax.nn.softmax, _acc(x), dim)
+    return _on_dim(jax.nn.softmax, acc(x), dim)
 
 
 @lowers(aten._log_softmax.default)
 def _log_softmax(ctx, x, dim, half_to_float):
-    return _on_dim(jax.nn.log_softmax, _acc(x), dim)
+    return _on_dim(jax.nn.log_softmax, acc(x), dim)
 
 
 @lowers(aten._safe_softmax.default)
 def _safe_softmax(ctx, x, dim, dtype=None):
     # rows that are all -inf (fully masked attention) give 0 instead of NaN
-    x = _acc(x if dtype is None else x.astype(ctx.dtype))
+    x = acc(x if dtype is None else x.astype(ctx.dtype))
 
     def safe(x, axis):
         masked = jnp.all(x == -jnp.inf, axis, keepdims=True)
@@ -469,119 +429,25 @@ def _safe_softmax(ctx, x, dim, dtype=None):
 
 @lowers(aten._softmax_backward_data.default)
 def _softmax_backward_data(ctx, g, y, dim, input_dtype):
-    gy = _acc(g) * _acc(y)
-    return _on_dim(lambda gy, axis: gy - _acc(y).reshape(gy.shape) * gy.sum(axis, keepdims=True), gy, dim)
+    gy = acc(g) * acc(y)
+    return _on_dim(lambda gy, axis: gy - acc(y).reshape(gy.shape) * gy.sum(axis, keepdims=True), gy, dim)
 
 
 @lowers(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(ctx, g, y, dim, input_dtype):
-    g, y = _acc(g), _acc(y)
+    g, y = acc(g), acc(y)
     return _on_dim(lambda g, axis: g - jnp.exp(y).reshape(g.shape) * g.sum(axis, keepdims=True), g, dim)
-
-
-# ---- losses ----
-
-
-def _nll_terms(x, target, weight, ignore_index):
-    """Per-element class dim, safe target and weight (0 where ignored)."""
-    cdim = 0 if x.ndim == 1 else 1
-    valid = target != ignore_index
-    t = jnp.where(valid, target, 0)
-    w = jnp.ones(t.shape, x.dtype) if weight is None else weight[t].astype(x.dtype)
-    return cdim, t, jnp.where(valid, w, 0)
-
-
-def _nll_forward(ctx, x, target, weight, reduction, ignore_index):
-    cdim, t, w = _nll_terms(x, target, weight, ignore_index)
-    picked = jnp.take_along_axis(x, jnp.expand_dims(t, cdim), cdim).squeeze(cdim)
-    loss = -picked * w
-    total = w.sum()
-    out = (loss, loss.sum() / total, loss.sum())[reduction]
-    return out, total
-
-
-def _nll_backward(ctx, g, x, target, weight, reduction, ignore_index, total_weight):
-    cdim, t, w = _nll_terms(x, target, weight, ignore_index)
-    scale = -w * (g / total_weight if reduction == 1 else g)
-    onehot = lax.broadcasted_iota(t.dtype, x.shape, cdim) == jnp.expand_dims(t, cdim)
-    return jnp.where(onehot, jnp.expand_dims(scale, cdim), 0)
-
-
-lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)(_nll_forward)
-lowers(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_backward)
-
-
-def _loss_rows(forward, grad):
-    """Register ``forward(x, t, *extra) -> elementwise loss`` and its backward as a loss op pair."""
-
-    def fwd(ctx, x, t, reduction=1, *extra):
-        return _reduce(forward(x, t, *extra), reduction)
-
-    def bwd(ctx, g, x, t, reduction, *extra):
-        return _reduce_grad(g, x.size, reduction) * grad(x, t, *extra)
-
-    return fwd, bwd
-
-
-_mse = _loss_rows(lambda x, t: jnp.square(x - t), lambda x, t: 2 * (x - t))
-
-
-def _smooth_l1(x, t, beta=1.0):
-    d = jnp.abs(x - t)
-    return jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta) if beta > 0 else d
-
-
-def _smooth_l1_grad(x, t, beta):
-    d = x - t
-    return jnp.where(jnp.abs(d) < beta, d / beta, jnp.sign(d)) if beta > 0 else jnp.sign(d)
-
-
-def _huber(x, t, delta=1.0):
-    d = jnp.abs(x - t)
-    return jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
-
-
-_smooth = _loss_rows(_smooth_l1, _smooth_l1_grad)
-_hub = _loss_rows(_huber, lambda x, t, delta: jnp.clip(x - t, -delta, delta))
-
-lowers(aten.mse_loss.default)(_mse[0])
-lowers(aten.mse_loss_backward.default)(_mse[1])
-lowers(aten.smooth_l1_loss.default)(_smooth[0])
-lowers(aten.smooth_l1_loss_backward.default)(_smooth[1])
-lowers(aten.huber_loss.default)(_hub[0])
-lowers(aten.huber_loss_backward.default)(_hub[1])
-
-
-@lowers(aten.binary_cross_entropy.default)
-def _bce(ctx, x, t, weight=None, reduction=1):
-    loss = -(t * jnp.maximum(jnp.log(x), -100) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100))
-    return _reduce(loss if weight is None else loss * weight, reduction)
-
-
-@lowers(aten.binary_cross_entropy_backward.default)
-def _bce_backward(ctx, g, x, t, weight=None, reduction=1):
-    grad = (x - t) / jnp.maximum((1 - x) * x, 1e-12)
-    grad = grad if weight is None else grad * weight
-    return _reduce_grad(g, x.size, reduction) * grad
-
-
-@lowers(aten.binary_cross_entropy_with_logits.default)
-def _bce_logits(ctx, x, t, weight=None, pos_weight=None, reduction=1):
-    softplus_neg = jnp.logaddexp(0, -x)  # log(1 + exp(-x)), stable
-    log_weight = 1 if pos_weight is None else (pos_weight - 1) * t + 1
-    loss = (1 - t) * x + log_weight * softplus_neg
-    return _reduce(loss if weight is None else loss * weight, reduction)
 
 
 # ---- activation gradients, dropout ----
 
 
 def _gelu(ctx, x, *, approximate="none"):
-    return jax_gelu(_acc(x), approximate)
+    return jax_gelu(acc(x), approximate)
 
 
 def _gelu_backward(ctx, g, x, *, approximate="none"):
-    return _vjp(lambda x: jax_gelu(x, approximate), (_acc(x),), _acc(g), (True,))[0]
+    return vjp(lambda x: jax_gelu(x, approximate), (acc(x),), acc(g), (True,))[0]
 
 
 lowers(aten.gelu.default)(_gelu)
@@ -605,8 +471,8 @@ def _tanh_backward(ctx, g, y):
 
 @lowers(aten.silu_backward.default)
 def _silu_backward(ctx, g, x):
-    s = jax.nn.sigmoid(_acc(x))
-    return _acc(g) * s * (1 + _acc(x) * (1 - s))
+    s = jax.nn.sigmoid(acc(x))
+    return acc(g) * s * (1 + acc(x) * (1 - s))
 
 
 @lowers(aten.native_dropout.default, random=True)
@@ -654,7 +520,7 @@ def _dist_grad(diff, dist, p: float):
 @lowers(aten._cdist_forward.default)
 def _cdist_forward(ctx, x1, x2, p, compute_mode=None):
     # computed from the differences whatever compute_mode says: the matmul form only loses precision
-    return vector_norm(jnp.abs(_pairwise_diff(_acc(x1), _acc(x2))), -1, p)
+    return vector_norm(jnp.abs(_pairwise_diff(acc(x1), acc(x2))), -1, p)
 
 
 @lowers(aten._cdist_backward.default)
@@ -663,23 +529,23 @@ def _cdist_backward(ctx, g, x1, x2, p, dist):
     # batch-broadcast shape: autograd sums it back over broadcast dims. PyTorch returns zeros shaped
     # like x1 for p = 0 and empty inputs.
     if p == 0 or 0 in (*g.shape, *x1.shape, *x2.shape):
-        return jnp.zeros(ctx.shape, _acc(x1).dtype)
-    term = _dist_grad(_pairwise_diff(_acc(x1), _acc(x2)), _acc(dist)[..., None], p)
-    return jnp.broadcast_to((_acc(g)[..., None] * term).sum(-2), ctx.shape)
+        return jnp.zeros(ctx.shape, acc(x1).dtype)
+    term = _dist_grad(_pairwise_diff(acc(x1), acc(x2)), acc(dist)[..., None], p)
+    return jnp.broadcast_to((acc(g)[..., None] * term).sum(-2), ctx.shape)
 
 
 @lowers(aten._pdist_forward.default)
 def _pdist_forward(ctx, x, p=2.0):
     i, j = np.triu_indices(x.shape[0], 1)  # the pairs i < j, row-major, as PyTorch lists them
-    x = _acc(x)
+    x = acc(x)
     return vector_norm(jnp.abs(x[i] - x[j]), -1, p)
 
 
 @lowers(aten._pdist_backward.default)
 def _pdist_backward(ctx, g, x, p, dist):
     i, j = np.triu_indices(x.shape[0], 1)
-    x = _acc(x)
-    t = _acc(g)[:, None] * _dist_grad(x[i] - x[j], _acc(dist)[:, None], p)
+    x = acc(x)
+    t = acc(g)[:, None] * _dist_grad(x[i] - x[j], acc(dist)[:, None], p)
     return jnp.zeros(x.shape, t.dtype).at[i].add(t).at[j].add(-t)
 
 
@@ -783,7 +649,7 @@ def _grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners)
 @lowers(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
 def _grid_sampler_backward(ctx, g, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
     f = functools.partial(_grid_sample, mode=interpolation_mode, padding_mode=padding_mode, align_corners=align_corners)
-    return _vjp(f, (x, grid), g, output_mask)
+    return vjp(f, (x, grid), g, output_mask)
 
 
 # ---- embedding bags (modes: 0 sum, 1 mean, 2 max) ----
@@ -816,9 +682,9 @@ def _embedding_bag(
 ):  # fmt: skip
     n_bags = ctx.shape[0]
     bag, keep = _bag_terms(indices, offsets, n_bags, padding_idx)
-    rows = _acc(weight)[indices]
+    rows = acc(weight)[indices]
     if per_sample_weights is not None:
-        rows = rows * _acc(per_sample_weights)[:, None]
+        rows = rows * acc(per_sample_weights)[:, None]
     bag_size = jax.ops.segment_sum(keep.astype(jnp.int64), bag, n_bags)
     max_indices = jnp.zeros(ctx.avals[3].shape, jnp.int64)
     if mode == 2:
@@ -832,7 +698,7 @@ def _embedding_bag(
 
 
 def _embedding_bag_grad(g, indices, offset2bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode, psw, pad):
-    g = _acc(g)
+    g = acc(g)
     if mode == 2:
         cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
         live = (bag_size[: g.shape[0]] > 0)[:, None]
@@ -842,7 +708,7 @@ def _embedding_bag_grad(g, indices, offset2bag, bag_size, max_indices, num_weigh
     if mode == 1:
         scale = scale / jnp.maximum(bag_size[offset2bag], 1)
     if psw is not None:
-        scale = scale * _acc(psw)
+        scale = scale * acc(psw)
     if scale_grad_by_freq:
         scale = scale / jnp.zeros(num_weights, g.dtype).at[indices].add(1)[indices]
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(g[offset2bag] * scale[:, None])
@@ -870,7 +736,7 @@ def _embedding_bag_dense_backward(
 @lowers(aten._embedding_bag_per_sample_weights_backward.default)
 def _embedding_bag_per_sample_weights_backward(ctx, g, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
     keep = (indices != padding_idx) & (offset2bag >= 0)
-    grads = (_acc(g)[offset2bag] * _acc(weight)[indices]).sum(1)
+    grads = (acc(g)[offset2bag] * acc(weight)[indices]).sum(1)
     return jnp.where(keep, grads, 0)
 
 
@@ -878,7 +744,7 @@ def _embedding_bag_per_sample_weights_backward(ctx, g, weight, indices, offsets,
 def _embedding_renorm(ctx, weight, indices, max_norm, norm_type):
     # the rows that ``indices`` names and whose norm exceeds max_norm are scaled down to it
     # rounded as PyTorch's kernel rounds half-precision weights: the norm and the scale to the weight's dtype
-    norms = vector_norm(jnp.abs(_acc(weight)), -1, norm_type).astype(weight.dtype).astype(_acc(weight).dtype)
+    norms = vector_norm(jnp.abs(acc(weight)), -1, norm_type).astype(weight.dtype).astype(acc(weight).dtype)
     named = jnp.zeros(weight.shape[0], bool).at[indices].set(True)
     scale = jnp.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1)
     return weight * scale[:, None].astype(weight.dtype)
