@@ -10,6 +10,7 @@ Example::
     lazyxla.config.strict = True          # CPU fallbacks become errors
     with lazyxla.config.override(strict=False):
         ...
+    lazyxla.config.persistent_cache = False   # or LAZYXLA_PERSISTENT_CACHE=0: compiled programs stay in memory
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ class Flag:
         return "LAZYXLA_" + self.name.upper()
 
 
+def _user_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/lazyxla/xla``, else ``~/.cache/lazyxla/xla``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "lazyxla", "xla")
+
+
 FLAGS: tuple[Flag, ...] = (
     Flag("strict", bool, False, "Raise instead of falling back to CPU for an op with no lowering."),
     Flag("warn_fallback", bool, True, "Warn once per op that falls back to CPU."),
@@ -50,6 +57,20 @@ FLAGS: tuple[Flag, ...] = (
         "highest",
         "Precision of float32 matmuls and convolutions (jax: 'default', 'high', 'highest').",
         affects_compile=True,
+    ),
+    Flag(
+        "persistent_cache",
+        bool,
+        True,
+        "Keep compiled programs on disk in cache_dir (JAX's persistent compilation cache), so another "
+        "process running the same steps loads them instead of compiling.",
+    ),
+    Flag(
+        "cache_dir",
+        str,
+        _user_cache_dir(),
+        "Folder of the persistent compilation cache, created on first use ($XDG_CACHE_HOME or ~/.cache, "
+        "then lazyxla/xla). A jax_compilation_cache_dir the user set for jax takes precedence.",
     ),
 )
 

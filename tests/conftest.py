@@ -1,3 +1,9 @@
+import os
+
+# In-process tests (and the processes they start) keep off the user's ~/.cache; test_persistent_cache.py
+# turns the persistent cache on itself, with its own folders.
+os.environ.setdefault("LAZYXLA_PERSISTENT_CACHE", "0")
+
 import pytest
 
 import lazyxla

@@ -1,15 +1,20 @@
-"""The lazy IR: immutable, hash-consed nodes whose structural hash is fixed at creation.
+"""The lazy IR: immutable nodes whose structural hash is fixed at creation.
 
 A *value* is ``(node, output_index)``. A node is either a computation (an ``aten`` op applied to
 input values and constant arguments) or a leaf: device data (a ``jax.Array``), a Python scalar that
 entered tensor math, or an RNG key. Leaves hash by kind and aval only, never by contents, so the
 structural hash of a step is the same every step and the compile cache can be keyed by it.
+
+Hashes are also the same in every process (``stable_hash``; Python's own ``hash()`` of strings,
+dtypes and ``None`` changes from process to process): a sync orders a program's arguments and results
+by them, so every process, and every host of a multi-host run, builds the same program text, which
+is what JAX's persistent compilation cache is keyed on.
 """
 
 from __future__ import annotations
 
 import enum
-import weakref
+import hashlib
 from typing import Any, NamedTuple
 
 import torch
@@ -90,8 +95,6 @@ class Node:
 
 Value = tuple  # (Node, int)
 
-_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
 
 def canonical(x: Any) -> Any:
     """A template in a form where equal means the same program, for keys and hashes.
@@ -108,25 +111,41 @@ def canonical(x: Any) -> Any:
     return x
 
 
-def node(op, inputs: tuple, template: Any, avals: tuple, device: int, key: Any = None) -> Node:
-    """The node for ``op`` over ``inputs``; an identical live node is reused (hash-consing).
+def stable_hash(*parts: Any) -> int:
+    """A 64-bit hash of ``parts`` (through their ``repr``) that is the same in every process.
 
-    ``key`` is ``canonical(template)`` when the caller already has it.
+    Example:
+        >>> stable_hash(torch.ops.aten.sin.default, 0) == stable_hash(torch.ops.aten.sin.default, 0)
+        True
     """
-    key = canonical(template) if key is None else key
-    ident = (op, key, device, tuple((id(n), i) for n, i in inputs))
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+_bases: dict = {}
+
+
+def op_hash(op, key: Any, device: int) -> int:
+    """The stable hash of an op with its canonical template on a device (memoized)."""
     try:
-        found = _interned.get(ident)
-    except TypeError:  # an unhashable constant: no interning for this node
-        found, ident = None, None
-    if found is not None:
-        return found
-    h = hash((op, key, device, tuple((n.hash, i) for n, i in inputs)))
-    n = Node(op, inputs, template, avals, h, None, device)
-    if ident is not None:
-        _interned[ident] = n
-    return n
+        return _bases[(op, key, device)]
+    except KeyError:
+        h = _bases[(op, key, device)] = stable_hash(op, key, device)
+        return h
+
+
+def node(op, inputs: tuple, template: Any, avals: tuple, device: int, key: Any = None, base: int | None = None) -> Node:
+    """A new node for ``op`` over ``inputs``; its structural hash combines the op, the canonical
+    template (``key``, computed when not given), the device and the inputs' hashes.
+
+    ``base`` is ``op_hash(op, key, device)`` when the caller has it. Identical nodes are not merged
+    here: XLA eliminates common subexpressions in the compiled program anyway.
+    """
+    if base is None:
+        base = op_hash(op, canonical(template) if key is None else key, device)
+    # a tuple of ints hashes the same in every process
+    h = hash((base, tuple([(n.hash, i) for n, i in inputs])))
+    return Node(op, inputs, template, avals, h, None, device)
 
 
 def leaf(kind: Leaf, payload: Any, aval: Aval, device: int) -> Node:
-    return Node(kind, (), None, (aval,), hash((kind, aval, device)), payload, device)
+    return Node(kind, (), None, (aval,), op_hash(kind, aval, device), payload, device)

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 _BASE = (
     "compiles",
     "cache_hits",
+    "persistent_cache_hits",
+    "persistent_cache_misses",
     "executions",
     "host_to_device",
     "device_to_host",
@@ -37,9 +39,18 @@ def timer(name: str) -> Iterator[None]:
 def counters() -> dict[str, int]:
     """A snapshot of every counter.
 
-    Always has ``compiles``, ``cache_hits``, ``executions``, ``host_to_device``, ``device_to_host``,
-    ``syncs``, ``ops_recorded`` and ``data_dependent_syncs`` (host reads an op's output shape needed,
-    e.g. ``nonzero``'s count), plus one ``fallback.<op>`` entry per op that ran on the CPU.
+    Always has ``compiles``, ``cache_hits``, ``persistent_cache_hits``, ``persistent_cache_misses``,
+    ``executions``, ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
+    ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count), plus
+    one ``fallback.<op>`` entry per op that ran on the CPU.
+
+    ``compiles`` counts the programs this process had to build because its in-memory cache did not
+    hold them, and ``cache_hits`` the syncs that found their program in memory. A built program is
+    either compiled by XLA or loaded from the persistent compilation cache on disk
+    (``lazyxla.config.persistent_cache``): ``persistent_cache_hits`` counts the loads,
+    ``persistent_cache_misses`` the programs looked up there, not found, compiled and written. So
+    ``compiles - persistent_cache_hits`` is the number of XLA compiles, and "no compiles after step 2"
+    holds whether or not the disk cache was warm.
 
     Example::
 
@@ -53,7 +64,9 @@ def counters() -> dict[str, int]:
 
 
 def timers() -> dict[str, dict[str, float]]:
-    """Per timer (``trace``, ``compile``, ``execute``, ...): count, total, median and max seconds.
+    """Per timer (``trace``, ``lower``, ``compile``, ``execute``, ...): count, total, median and max seconds.
+
+    ``compile`` times XLA compiles and loads from the persistent compilation cache alike.
 
     Example::
 

@@ -17,7 +17,8 @@ import torch._decomp
 from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import graph, metrics, rng
-from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, raise_if_error, slot
+from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
+from lazyxla.lazy.metrics import _counters
 from lazyxla.lazy.tensor import LazyTensor, wrap
 from lazyxla.lowering.registry import RULES
 
@@ -226,16 +227,103 @@ def _build(spec, n, requires_grad=False):
     return spec[0](_build(s, n) for s in spec[1])
 
 
-def record(func, args, kwargs):
+def _record_general(func, args, kwargs):
+    """Record ``func``; returns the outputs and, for the fast path's cache, how it was recorded."""
     template, flat = _flatten(func, args, kwargs)
     ckey = canonical(template)
     spec, avals = _infer(func, template, ckey, flat, args, kwargs)
-    inputs = tuple(flat.inputs)
+    base = op_hash(func, ckey, flat.device)
+    return _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base), (template, base, spec, avals)
+
+
+def _finish(func, inputs, template, avals, spec, device, base):
     if RULES[func].random:
-        inputs += ((rng.next_key_leaf(flat.device), 0),)
-    n = node(func, inputs, template, avals, flat.device, ckey)
-    metrics.inc("ops_recorded")
+        inputs += ((rng.next_key_leaf(device), 0),)
+    n = node(func, inputs, template, avals, device, base=base)
+    _counters["ops_recorded"] += 1
+    if type(spec) is int:
+        return LazyTensor((n, spec), avals[spec])
     return _build(spec, n)
+
+
+# ---- the fast path: calls whose arguments are lazyxla tensors and plain constants ----
+#
+# Such a call is keyed by its signature (op, device, each tensor's aval, each constant, a mark for each
+# Python float that becomes a graph input); the first call of a signature goes the general way above
+# and leaves its template, hash and output avals here, so later calls skip flattening, canonical
+# templates and meta inference.
+
+_F64 = Aval((), torch.float64)
+_FLOAT_INPUT = ("float input",)
+_CONSTANT_TYPES = frozenset({type(None), str, torch.dtype, torch.layout, torch.memory_format, torch.device})
+_fast: dict = {}
+_FAST_LIMIT = 100_000
+
+
+def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
+    """Append ``a``'s signature (and input, if any); returns its device (-1 for none), None if unusual."""
+    t = type(a)
+    if t is LazyTensor:
+        inputs.append(a._value)
+        sig.append(a._aval)
+        return a._value[0].device
+    if t is float:
+        if scalar and a not in _CONST_FLOATS:
+            inputs.append((leaf(Leaf.SCALAR, a, _F64, -1), 0))
+            sig.append(_FLOAT_INPUT)
+        else:
+            sig.append((float, a, a == -1))
+        return -1
+    if t is int or t is bool:
+        sig.append((t, a, a == -1))
+        return -1
+    if t in _CONSTANT_TYPES:
+        sig.append(a)
+        return -1
+    if (t is list or t is tuple) and all(type(e) is int for e in a):
+        sig.append((t, tuple([(int, e, e == -1) for e in a])))
+        return -1
+    return None
+
+
+def _signature(func, args, kwargs):
+    pos_scalar, kw_scalar = _scalar_args(func)
+    sig: list = [func]
+    inputs: list = []
+    device = -1
+    for i, a in enumerate(args):
+        d = _arg_signature(a, i < len(pos_scalar) and pos_scalar[i], sig, inputs)
+        if d is None or (d != -1 and device != -1 and d != device):
+            return None
+        device = d if d != -1 else device
+    if kwargs:
+        for k in sorted(kwargs):
+            sig.append(k)
+            d = _arg_signature(kwargs[k], k in kw_scalar, sig, inputs)
+            if d is None or (d != -1 and device != -1 and d != device):
+                return None
+            device = d if d != -1 else device
+    if device == -1:
+        return None  # no tensor argument: the general path finds the device
+    sig.append(device)
+    return tuple(sig), tuple(inputs), device
+
+
+def record(func, args, kwargs):
+    """Record ``func`` applied to ``args``/``kwargs`` as a new node; returns its LazyTensor output(s)."""
+    found = _signature(func, args, kwargs)
+    if found is not None:
+        sig, inputs, device = found
+        entry = _fast.get(sig)
+        if entry is not None:
+            template, base, spec, avals = entry
+            return _finish(func, inputs, template, avals, spec, device, base)
+    out, entry = _record_general(func, args, kwargs)
+    if found is not None:
+        if len(_fast) >= _FAST_LIMIT:  # shapes that keep changing: start over rather than grow forever
+            _fast.clear()
+        _fast[found[0]] = entry
+    return out
 
 
 # ---- ops handled here ----

@@ -6,39 +6,44 @@ Users never see it directly: every lazyxla tensor they hold is a functionalizati
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import torch
 
-from lazyxla.lazy.ir import Aval, Leaf, Node
+from lazyxla.lazy.ir import Aval, Leaf
 
-# Every live LazyTensor, in creation order: sync() finds pending work here, and donation asks it
-# which device buffers are still held by a tensor.
-_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_ids = itertools.count()
+# Every LazyTensor made since the last scan, as weak references in creation order: sync() finds
+# pending work among the live ones, and donation asks which device buffers a tensor still holds.
+# (A list of weakrefs costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans.)
+_live: list = []
+_devices: list = []  # torch.device("lazyxla", i), made once per index
+
+
+def _device(index: int) -> torch.device:
+    while len(_devices) <= index:
+        _devices.append(torch.device("lazyxla", len(_devices)))
+    return _devices[index]
 
 
 class LazyTensor(torch.Tensor):
     _value: tuple  # (Node, output index)
+    _aval: Aval  # its shape and dtype, as the recorder keys ops by them
 
     @staticmethod
     def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
-        node: Node = value[0]
         t = torch.Tensor._make_wrapper_subclass(
-            cls, aval.shape, dtype=aval.dtype, device=torch.device("lazyxla", node.device), requires_grad=requires_grad
+            cls, aval.shape, dtype=aval.dtype, device=_device(value[0].device), requires_grad=requires_grad
         )
         t._value = value
-        _live[next(_ids)] = t
+        t._aval = aval
+        _live.append(weakref.ref(t))
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from lazyxla.lazy.record import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return _dispatch(func, args, kwargs or {})
 
     @property
     def pending(self) -> bool:
@@ -49,7 +54,24 @@ class LazyTensor(torch.Tensor):
 
 
 def live_tensors() -> list[LazyTensor]:
-    return list(_live.values())
+    """Every live LazyTensor, in creation order (dead references are dropped on the way)."""
+    seen = len(_live)  # tensors made meanwhile (another thread) are appended after this point and kept
+    alive, refs = [], []
+    for r in _live[:seen]:
+        t = r()
+        if t is not None:
+            alive.append(t)
+            refs.append(r)
+    _live[:seen] = refs
+    return alive
+
+
+def _dispatch(func, args, kwargs):
+    global _dispatch
+    from lazyxla.lazy.record import dispatch
+
+    _dispatch = dispatch  # bound on first use (record imports this module)
+    return dispatch(func, args, kwargs)
 
 
 def wrap(lt: LazyTensor) -> torch.Tensor:
