@@ -292,17 +292,28 @@ def _signature(func, args, kwargs):
     inputs: list = []
     device = -1
     for i, a in enumerate(args):
-        d = _arg_signature(a, i < len(pos_scalar) and pos_scalar[i], sig, inputs)
-        if d is None or (d != -1 and device != -1 and d != device):
-            return None
-        device = d if d != -1 else device
+        if type(a) is LazyTensor:  # the common case, inline
+            value = a._value
+            d = value[0].device
+            inputs.append(value)
+            sig.append(a._aval)
+        else:
+            d = _arg_signature(a, i < len(pos_scalar) and pos_scalar[i], sig, inputs)
+            if d is None:
+                return None
+        if d != -1:
+            if device == -1:
+                device = d
+            elif d != device:
+                return None
     if kwargs:
         for k in sorted(kwargs):
             sig.append(k)
             d = _arg_signature(kwargs[k], k in kw_scalar, sig, inputs)
             if d is None or (d != -1 and device != -1 and d != device):
                 return None
-            device = d if d != -1 else device
+            if d != -1:
+                device = d
     if device == -1:
         return None  # no tensor argument: the general path finds the device
     sig.append(device)
