@@ -1,0 +1,110 @@
+"""The benchmark models in PyTorch, run eagerly on the CPU or lazily on the lazyxla device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks import spec as S
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: causal self-attention, then a GELU MLP 4x, each residual."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (batch, seq, d) -> (batch, seq, d)."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """Token + learned position embeddings, ``layers`` blocks, final LayerNorm, untied output head."""
+
+    def __init__(self, spec: S.GPTSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab, spec.d_model)
+        self.pos = nn.Embedding(spec.seq, spec.d_model)
+        self.blocks = nn.ModuleList(Block(spec.d_model, spec.heads) for _ in range(spec.layers))
+        self.ln = nn.LayerNorm(spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """``idx``: (batch, seq) token ids -> (batch, seq, vocab) logits."""
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _mlp(spec: S.MLPSpec) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(spec.sizes[:-1], spec.sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _device(framework: str) -> torch.device:
+    if framework == "eager":
+        return torch.device("cpu")
+    if framework == "lazyxla":
+        import lazyxla
+
+        return lazyxla.device()
+    raise ValueError(f"not a torch framework: {framework!r}")
+
+
+def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callable[[], float]:
+    """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla').
+
+    Parameters and the batch come from :mod:`benchmarks.spec` and are on the device when this returns
+    (for lazyxla, synced and waited for). Each call runs forward, backward and the optimizer step,
+    calls ``lazyxla.sync()`` on lazyxla, and returns ``loss.item()``.
+    """
+    dev = _device(framework)
+    if model == "mlp":
+        net, params, (x, y) = _mlp(spec), S.mlp_params(spec), S.mlp_batch(spec)
+        make_opt = lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9)
+        loss_fn = F.cross_entropy
+    elif model == "gpt":
+        net, params, (x, y) = GPT(spec), S.gpt_params(spec), S.gpt_batch(spec)
+        make_opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        loss_fn = lambda logits, t: F.cross_entropy(logits.flatten(0, 1), t.flatten())
+    else:
+        raise ValueError(f"unknown model {model!r}")
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    net = net.to(dev)
+    opt = make_opt(net.parameters())
+    x, y = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
+    sync = lambda: None
+    if framework == "lazyxla":
+        import lazyxla
+
+        sync = lazyxla.sync
+        lazyxla.sync(wait=True)
+
+    def step() -> float:
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sync()
+        return loss.item()
+
+    return step

@@ -1,0 +1,116 @@
+"""Smoke test of the benchmark harness: ``python -m benchmarks.run --quick`` runs and writes every section.
+
+Timings and ratios are never asserted (they measure a shared machine); only that each number is there,
+finite and positive, that lazyxla compiled nothing after step 2, and that the three frameworks agree on
+the losses (same parameters, same math).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
+MODELS = ("mlp", "gpt")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _stats(d: dict, unit: str) -> None:
+    for key in (f"median_{unit}", f"min_{unit}", f"max_{unit}"):
+        assert _positive(d[key]), (key, d)
+    assert d[f"min_{unit}"] <= d[f"median_{unit}"] <= d[f"max_{unit}"], d
+    assert d["samples"] >= 1
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for title in ("(a) MLP", "(b) GPT", "(c) time to first step", "(d) recording cost", "(e) peak memory", "(f)"):
+        assert title in proc.stdout, proc.stdout
+    return json.loads(path.read_text())
+
+
+def test_every_section_is_there(results):
+    assert {"meta", "training", "first_step", "recording", "memory", "compiles"} <= set(results)
+    assert results["meta"]["quick"] is True
+    assert _positive(results["meta"]["wall_s"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_training_steps(results, model):
+    res = results["training"][model]
+    assert set(res["frameworks"]) == set(FRAMEWORKS)
+    for fw, row in res["frameworks"].items():
+        _stats(row, "ms")
+        assert row["samples"] == res["steps"] >= 1
+        assert _positive(row["ratio_to_jax"]), fw
+        assert _positive(row["last_loss"]), fw
+    losses = [row["last_loss"] for row in res["frameworks"].values()]
+    assert max(losses) - min(losses) < 1e-3 * max(losses), losses  # same parameters, data and math
+    assert res["lazyxla_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_compiles_per_step(results, model):
+    comp = results["compiles"][model]
+    assert comp["steps"] == len(comp["per_step"]) >= 3
+    assert comp["per_step"][0] >= 1  # the first step compiles
+    assert comp["after_step_2"] == sum(comp["per_step"][2:]) == 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_first_step_in_fresh_processes(results, model):
+    rows = results["first_step"][model]
+    assert {r["framework"] for r in rows.values()} == set(FRAMEWORKS)
+    assert {r["persistent_cache"] for r in rows.values()} == {None, "off", "fill", "warm"}
+    for label, r in rows.items():
+        _stats(r["first_step"], "s")
+        _stats(r["setup"], "s")
+        assert _positive(r["ratio_to_jax"]), label
+        assert _positive(r["first_loss"]), label
+        if r["framework"] == "lazyxla":
+            assert r["fallbacks"] == {}, label
+            assert r["compiles_per_step"][0] >= 1, label
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_memory(results, model):
+    mem = results["memory"][model]
+    assert set(mem) == set(FRAMEWORKS)
+    for fw, r in mem.items():
+        _stats(r["peak_growth"], "mb")
+        assert _positive(r["baseline_mb"]) and _positive(r["peak_mb"]), fw
+        assert r["method"], fw
+        assert r["steady_peak_growth"] is None or _positive(r["steady_peak_growth"]["median_mb"]), fw
+
+
+def test_recording(results):
+    rec = results["recording"]
+    assert rec["ops"] == sum(rec["op_counts"].values()) >= 3
+    rows = [rec["eager"]["loop"]]
+    rows += [rec["lazyxla"][k] for k in ("cold_loop", "cold_total", "warm_loop", "warm_total")]
+    rows += [rec["jax"][k] for k in ("jit_cold_total", "jit_warm_total", "op_by_op_total")]
+    for row in rows:
+        _stats(row, "us")
+    assert rec["lazyxla"]["compiles_cold"] >= 1
+    assert rec["lazyxla"]["compiles_warm"] == 0
+    assert rec["lazyxla"]["ops_recorded_per_chain"] > 0
