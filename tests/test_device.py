@@ -347,3 +347,26 @@ def test_exceptions_inside_backward_reach_the_caller():
 
     out = subprocess.run([sys.executable, "-c", _BACKWARD_ERRORS], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])
+
+
+_IMPORT_AFTER_BACKWARD = """
+import torch
+a = torch.ones(2, requires_grad=True)
+(a * 2).sum().backward()
+import lazyxla
+b = torch.ones(2, device=lazyxla.device(), requires_grad=True)
+try:
+    (b * 2).sum().backward()
+except RuntimeError as e:
+    assert "Import lazyxla before any backward" in str(e), e
+    print("ok")
+"""
+
+
+def test_importing_after_a_backward_says_what_to_do():
+    """PyTorch's engine sizes its device queues at the first backward; lazyxla says so instead of an assert."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _IMPORT_AFTER_BACKWARD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -175,6 +175,15 @@ def _raising_parked_errors(run_backward: Callable) -> Callable:
             error = _parked[0]
             _parked.clear()
             raise error from None
+        except RuntimeError as e:
+            if "device_ready_queues_" not in str(e):
+                raise
+            raise RuntimeError(
+                "lazyxla was imported after PyTorch's autograd engine had started (a backward ran before "
+                "`import lazyxla`): the engine sizes its per-device worker queues once, so gradients of "
+                "lazyxla tensors cannot be computed in this process. Import lazyxla before any backward, "
+                "e.g. right after `import torch` at the top of the script (or restart the notebook kernel)."
+            ) from None
 
     return run
 
