@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from lazyxla.config import config
 from lazyxla.device.runtime import x64
 from lazyxla.lazy import metrics
@@ -60,7 +58,8 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
         donate = _donatable(leaves, tensors) if full and config.donate else ()
     try:
         compiled = cache.get(key, order, leaves, roots, device, donate)
-        args = [_arg(leaf) for leaf in leaves]
+        layout = compiled.layout
+        args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
         with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
     except Exception as e:
@@ -80,14 +79,11 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
 
 
 def _arg(n):
+    """A data leaf's device array (scalars and RNG keys travel packed: see ``to_jax.ArgLayout``)."""
     raise_if_error(n)
-    if n.op is Leaf.DATA:
-        if n.payload is None:
-            raise RuntimeError("lazyxla internal error: a donated buffer was used again")
-        return n.payload
-    if n.op is Leaf.SCALAR:
-        return np.float64(n.payload)
-    return n.payload  # RNG key data
+    if n.payload is None:
+        raise RuntimeError("lazyxla internal error: a donated buffer was used again")
+    return n.payload
 
 
 def _donatable(leaves, pending) -> list[int]:

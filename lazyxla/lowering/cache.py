@@ -30,7 +30,7 @@ import jax
 from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.lazy import metrics
-from lazyxla.lowering.to_jax import graph_fn
+from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 
 try:  # jax internals the scoped disk cache needs (checked: jax 0.10); without them it stays off
     from jax._src import compilation_cache as _jcc
@@ -55,13 +55,14 @@ _warned: set[str] = set()
 
 
 class Compiled:
-    """One compiled step: the executable and which input positions it donates."""
+    """One compiled step: the executable, which leaves it donates, and how its arguments carry the leaves."""
 
-    __slots__ = ("executable", "donated")
+    __slots__ = ("executable", "donated", "layout")
 
-    def __init__(self, executable, donated: tuple[int, ...]) -> None:
+    def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout) -> None:
         self.executable = executable
-        self.donated = donated
+        self.donated = donated  # leaf indices
+        self.layout = layout
 
 
 def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
@@ -79,13 +80,14 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     """The compiled program for a sync's graph: from memory, else lowered and compiled (or loaded from disk).
 
     ``order``, ``leaves`` and ``roots`` are the graph as the sync walked it; the program takes the
-    leaves' arrays in that order and returns the roots' arrays in that order, donating the positions
-    in ``Compiled.donated`` (those of ``donate_candidates`` an output can reuse).
+    leaves' arrays as ``Compiled.layout`` arranges them and returns the roots' arrays in order,
+    donating the leaves ``Compiled.donated`` (those of ``donate_candidates`` an output can reuse).
 
     Example::
 
         compiled = cache.get(key, order, leaves, roots, device, donate)   # in lazy.graph
-        outs = compiled.executable(*[leaf.payload for leaf in leaves])
+        data = [leaves[i].payload for i in compiled.layout.data]
+        outs = compiled.executable(*compiled.layout.arguments(data, leaves))
     """
     hit = _cache.get(key)
     if hit is not None:
@@ -100,13 +102,17 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         with metrics.timer("lower"):
             dev = runtime.jax_device(device)
             sharding = jax.sharding.SingleDeviceSharding(dev)
-            specs = [jax.ShapeDtypeStruct(a.shape, runtime.np_dtype(a.dtype), sharding=sharding) for a in in_avals]
-            fn = jax.jit(graph_fn(order, leaves, roots), donate_argnums=donated, out_shardings=sharding)
-            lowered = fn.lower(*specs)
+            layout = ArgLayout(leaves)
+            fn = jax.jit(
+                graph_fn(order, leaves, roots, layout),
+                donate_argnums=layout.positions(donated),
+                out_shardings=sharding,
+            )
+            lowered = fn.lower(*layout.specs(leaves, sharding))
         with metrics.timer("compile"):  # an XLA compile, or a load from the persistent cache
             executable = _compile(lowered, store)
     metrics.inc("compiles")  # a program this process built: compiled, or loaded from disk (counted apart)
-    compiled = Compiled(executable, donated)
+    compiled = Compiled(executable, donated, layout)
     _cache[key] = compiled
     while len(_cache) > max(config.compile_cache_size, 1):
         _cache.popitem(last=False)

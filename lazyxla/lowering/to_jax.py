@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 import torch
 
 from lazyxla.device.runtime import np_dtype
@@ -73,11 +74,63 @@ def apply(n: Node, ins: list):
     return result
 
 
-def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple]):
-    """A function of the leaves' arrays returning the roots' arrays."""
+class ArgLayout:
+    """How a program's arguments carry a graph's leaves.
+
+    Device data is one argument per leaf, in leaf order; the Python scalars (often hundreds per step:
+    an optimizer's hyperparameters for every tensor) travel packed in one float64 vector, and the RNG
+    keys in one ``(n, 2)`` uint32 array, so a step makes two host transfers for them, not hundreds.
+    """
+
+    __slots__ = ("data", "scalars", "keys")
+
+    def __init__(self, leaves: list[Node]) -> None:
+        self.data = [i for i, n in enumerate(leaves) if n.op is not Leaf.SCALAR and n.op is not Leaf.RNG]
+        self.scalars = [i for i, n in enumerate(leaves) if n.op is Leaf.SCALAR]
+        self.keys = [i for i, n in enumerate(leaves) if n.op is Leaf.RNG]
+
+    def specs(self, leaves: list[Node], sharding) -> list:
+        """The program's argument shapes and dtypes."""
+        out = [
+            jax.ShapeDtypeStruct(leaves[i].avals[0].shape, np_dtype(leaves[i].avals[0].dtype), sharding=sharding)
+            for i in self.data
+        ]
+        if self.scalars:
+            out.append(jax.ShapeDtypeStruct((len(self.scalars),), np.float64, sharding=sharding))
+        if self.keys:
+            out.append(jax.ShapeDtypeStruct((len(self.keys), 2), np.uint32, sharding=sharding))
+        return out
+
+    def arguments(self, data: list, leaves: list[Node]) -> list:
+        """The program's arguments: ``data`` (the data leaves' arrays, in order) and the packed rest."""
+        out = list(data)
+        if self.scalars:
+            out.append(np.array([leaves[i].payload for i in self.scalars], np.float64))
+        if self.keys:
+            out.append(np.stack([leaves[i].payload for i in self.keys]))
+        return out
+
+    def positions(self, leaf_indices) -> tuple[int, ...]:
+        """Argument positions of data leaves given by their leaf indices."""
+        where = {i: k for k, i in enumerate(self.data)}
+        return tuple(where[i] for i in leaf_indices)
+
+
+def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: ArgLayout):
+    """A function of the program's arguments (see ``ArgLayout``) returning the roots' arrays."""
 
     def fn(*args):
-        env = {id(leaf): (a,) for leaf, a in zip(leaves, args)}
+        env = {id(leaves[i]): (a,) for i, a in zip(layout.data, args)}
+        rest = len(layout.data)
+        if layout.scalars:
+            vector = args[rest]
+            rest += 1
+            for k, i in enumerate(layout.scalars):
+                env[id(leaves[i])] = (vector[k],)
+        if layout.keys:
+            keys = args[rest]
+            for k, i in enumerate(layout.keys):
+                env[id(leaves[i])] = (keys[k],)
         for n in order:
             env[id(n)] = apply(n, [env[id(m)][i] for m, i in n.inputs])
         return tuple(env[id(m)][i] for m, i in roots)
