@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from lazyxla.config import config
 from lazyxla.device.runtime import x64
 from lazyxla.lazy import metrics
@@ -115,8 +117,20 @@ def sync(wait: bool = False) -> None:
     pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
     for device, ts in _group(pending).items():
         _run(device, ts, full=True)
+    _freeze_gc_once()
     if wait:
         wait_device_ops()
+
+
+_gc_frozen = False
+
+
+def _freeze_gc_once() -> None:
+    """``config.freeze_gc``: the first full sync freezes what is alive then (see the flag's help)."""
+    global _gc_frozen
+    if not _gc_frozen and config.freeze_gc:
+        _gc_frozen = True
+        gc.freeze()
 
 
 def sync_tensors(tensors: list[LazyTensor], reason: str = "") -> None:

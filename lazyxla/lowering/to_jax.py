@@ -31,15 +31,19 @@ def _relist(x):
 def _scalar_dtype(n: Node):
     """Dtype for Python scalars (graph inputs) used by node ``n``, as PyTorch converts them.
 
-    The first floating tensor input's dtype; with none, an integer output's dtype (PyTorch truncates
-    the scalar: ``int_tensor.fill_(2.7)`` fills 2), else the default float dtype.
+    The first floating tensor input's dtype, or the output's when that is a wider float
+    (``full_like(half, v, dtype=torch.float64)`` keeps v's float64 digits); with no floating input, an
+    integer output's dtype (PyTorch truncates the scalar: ``int_tensor.fill_(2.7)`` fills 2), else the
+    default float dtype.
     """
+    out = n.avals[0].dtype if n.avals else torch.bool
     for m, i in n.inputs:
         if m.op is not Leaf.SCALAR and m.op is not Leaf.RNG:
             dt = m.avals[i].dtype
             if dt.is_floating_point or dt.is_complex:
+                if (out.is_floating_point or out.is_complex) and out.itemsize > dt.itemsize:
+                    return np_dtype(out)
                 return np_dtype(dt)
-    out = n.avals[0].dtype if n.avals else torch.bool
     return np_dtype(torch.get_default_dtype() if out == torch.bool else out)
 
 

@@ -43,12 +43,21 @@ NONDETERMINISTIC = {
 # compared like NONDETERMINISTIC ops (dtypes, shapes and the device).
 RANDOM_SAMPLES = {
     "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0) > 0,
+    # multi_head_attention_forward(query, key, value, embed_dim, num_heads, in_proj_weight, in_proj_bias,
+    # bias_k, bias_v, add_zero_attn, dropout_p, ...): a sample's args start at key
     "nn.functional.multi_head_attention_forward": lambda s: (
-        s.kwargs.get("dropout_p", 0) > 0 and s.kwargs.get("training", True)
+        (s.args[9] if len(s.args) > 9 else 0) > 0 and s.kwargs.get("training", True)
     ),
 }
 
 SKIP_OPS: dict[str, str] = {}
+
+_COMPLEX32 = "its result is complex32, which has no XLA type: lazyxla raises TypeError at the call"
+_HALF_ROUNDING = (
+    "float16/bfloat16 values differ from PyTorch's CPU kernel by a few ulps beyond the dtype's tolerance: "
+    "PyTorch computes half-precision inputs in float32 (its opmath type) and rounds once, while lazyxla's "
+    "program rounds some intermediates to the half type (float32 and float64 pass)"
+)
 
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     **{
@@ -94,11 +103,65 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
         "PyTorch's CPU kernel rounds the float16 quotient before truncating on its scalar path only; a "
         "one-ulp quotient difference moves trunc by 1"
     ),
+    **{
+        (op, dtype, "forward"): _HALF_ROUNDING
+        for op, dtypes in {
+            "_batch_norm_with_update": ("float16", "bfloat16"),
+            "_native_batch_norm_legit": ("float16", "bfloat16"),
+            "native_batch_norm": ("float16", "bfloat16"),
+            "native_layer_norm": ("float16", "bfloat16"),
+            "nn.functional.instance_norm": ("float16", "bfloat16"),
+            "addbmm": ("float16", "bfloat16"),
+            "baddbmm": ("float16", "bfloat16"),
+            "addr": ("float16", "bfloat16"),
+            "addcdiv": ("float16", "bfloat16"),
+            "addcmul": ("float16",),
+            "cross": ("float16", "bfloat16"),
+            "linalg.cross": ("float16", "bfloat16"),
+            "exp2": ("float16",),
+            "lerp": ("float16",),
+            "nn.functional.adaptive_avg_pool3d": ("float16", "bfloat16"),
+            "nn.functional.conv_transpose1d": ("float16",),
+            "nn.functional.conv_transpose2d": ("float16", "bfloat16"),
+            "nn.functional.conv_transpose3d": ("float16", "bfloat16"),
+            "nn.functional.interpolate.linear": ("float16",),
+            "nn.functional.soft_margin_loss": ("float16",),
+            "nn.functional.multilabel_soft_margin_loss": ("float16",),
+            "nn.functional.huber_loss": ("float16",),
+            "nn.functional.multi_head_attention_forward": ("bfloat16",),
+        }.items()
+        for dtype in dtypes
+    },
+    ("complex", "float16", "forward"): _COMPLEX32,
+    ("view_as_complex", "float16", "forward"): _COMPLEX32,
+    **{
+        (op, "complex64", "forward"): (
+            "open bug: complex64 values differ from eager beyond tolerance (float32 and float64 pass); not yet "
+            "investigated"
+        )
+        for op in (
+            "linalg.lstsq",
+            "linalg.lstsq.grad_oriented",
+            "linalg.lu_solve",
+            "linalg.pinv",
+            "linalg.pinv.singular",
+            "pinverse",
+            "logaddexp",
+            "logcumsumexp",
+            "masked.normalize",
+        )
+    },
 }
 
 # Looser (rtol, atol) for (op id, kind) or (op id, kind, dtype name), with the reason. An override never
 # tightens a dtype's default tolerance.
 TOLERANCE_OVERRIDES: dict[tuple, tuple[float, float, str]] = {
+    ("nn.functional.multi_head_attention_forward", "forward", "float16"): (
+        1e-2,
+        1e-2,
+        "in-projection, attention and out-projection chained in float16: PyTorch's CPU kernels and XLA "
+        "round the intermediates differently, up to 9 float16 ulps (0.14 on outputs of ~16)",
+    ),
     ("nn.functional.scaled_dot_product_attention", "forward", "float16"): (
         3e-3,
         1e-3,
