@@ -8,7 +8,9 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
     lazyxla also with a warm persistent compilation cache;
 (d) recording cost: a chain of tiny ops, µs per op;
 (e) peak memory of a short training run, from the same fresh processes as (c);
-(f) lazyxla's compiles per step (none after step 2 is the target).
+(f) lazyxla's compiles per step (none after step 2 is the target);
+(g) overlap: lazyxla's step with each loss read at once vs one step late (recording step N+1 while the
+    device runs step N).
 
 All results go to a JSON file (default ``build/bench.json``). Method: ``docs/performance.md``.
 """
@@ -421,7 +423,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["LAZYXLA_PERSISTENT_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import lazyxla  # noqa: F401  (before any CPU autograd runs: see docs/performance.md)
-    from benchmarks import recording
+    from benchmarks import overlap, recording
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
@@ -429,6 +431,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for model in S.MODELS:
         _log(f"training step: {model}")
         results["training"][model], results["compiles"][model] = training(model, settings)
+    results["overlap"] = {}
+    for model in S.MODELS:
+        _log(f"overlap: {model}")
+        results["overlap"][model] = overlap.run(model, settings)
     results["first_step"], results["memory"] = fresh_processes(settings, args.quick, args.jobs)
     _log("recording cost")
     results["recording"] = recording.run(settings.chain_ops, settings.chain_repeats)
@@ -441,6 +447,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tables.append(recording_table(results["recording"]))
     tables.append(memory_table(results["memory"], settings))
     tables.append(compiles_table(results["compiles"], results["first_step"]))
+    tables.append(overlap.table(results["overlap"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results

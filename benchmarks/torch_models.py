@@ -70,12 +70,12 @@ def _device(framework: str) -> torch.device:
     raise ValueError(f"not a torch framework: {framework!r}")
 
 
-def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callable[[], float]:
-    """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla').
+def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
+    """``(record, sync)`` for ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla').
 
-    Parameters and the batch come from :mod:`benchmarks.spec` and are on the device when this returns
-    (for lazyxla, synced and waited for). Each call runs forward, backward and the optimizer step,
-    calls ``lazyxla.sync()`` on lazyxla, and returns ``loss.item()``.
+    ``record()`` runs forward, backward, the optimizer step and ``zero_grad`` and returns the loss
+    tensor (unread); ``sync`` is ``lazyxla.sync`` (a no-op for eager). Parameters and the batch come
+    from :mod:`benchmarks.spec` and are on the device when this returns (for lazyxla, waited for).
     """
     dev = _device(framework)
     if model == "mlp":
@@ -99,11 +99,23 @@ def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callab
         sync = lazyxla.sync
         lazyxla.sync(wait=True)
 
-    def step() -> float:
+    def record() -> torch.Tensor:
         loss = loss_fn(net(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
+        return loss
+
+    return record, sync
+
+
+def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callable[[], float]:
+    """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla'): forward,
+    backward, the optimizer step, ``lazyxla.sync()`` on lazyxla; returns ``loss.item()``."""
+    record, sync = setup(model, spec, framework)
+
+    def step() -> float:
+        loss = record()
         sync()
         return loss.item()
 

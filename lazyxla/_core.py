@@ -9,7 +9,7 @@ import torch
 
 from lazyxla.device import registration, runtime
 from lazyxla.lazy import rng
-from lazyxla.lazy.record import _to_cpu, record
+from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
@@ -134,8 +134,16 @@ def _scaled_dot_product_attention(
 AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention}
 
 
+def _kernel_ops():
+    for name in KERNELS:
+        packet = getattr(aten, name.removeprefix("aten::").split(".")[0])
+        overload = (name.split(".") + ["default"])[1] if "." in name else "default"
+        yield getattr(packet, overload)
+
+
 def install() -> None:
     registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS)
+    DEVICE_KERNEL_OPS.update(_kernel_ops())
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
 

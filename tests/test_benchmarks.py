@@ -44,13 +44,14 @@ def results(tmp_path_factory):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for title in ("(a) MLP", "(b) GPT", "(c) time to first step", "(d) recording cost", "(e) peak memory", "(f)"):
+    titles = ("(a) MLP", "(b) GPT", "(c) time to first step", "(d) recording cost", "(e) peak memory", "(f)")
+    for title in (*titles, "(g) overlap"):
         assert title in proc.stdout, proc.stdout
     return json.loads(path.read_text())
 
 
 def test_every_section_is_there(results):
-    assert {"meta", "training", "first_step", "recording", "memory", "compiles"} <= set(results)
+    assert {"meta", "training", "first_step", "recording", "memory", "compiles", "overlap"} <= set(results)
     assert results["meta"]["quick"] is True
     assert _positive(results["meta"]["wall_s"])
 
@@ -114,3 +115,10 @@ def test_recording(results):
     assert rec["lazyxla"]["compiles_cold"] >= 1
     assert rec["lazyxla"]["compiles_warm"] == 0
     assert rec["lazyxla"]["ops_recorded_per_chain"] > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_overlap(results, model):
+    r = results["overlap"][model]
+    for way in ("host", "device", "serial", "pipelined"):
+        _stats(r[way], "ms")

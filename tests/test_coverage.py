@@ -10,12 +10,10 @@ from lazyxla.tools import coverage
 # Core ATen ops that still run on the CPU, each with why. The list may only shrink: the test fails
 # when an op here gets a lowering (remove it) or a new core op falls back (lower it).
 KNOWN_CORE_FALLBACKS: dict[str, str] = {}
-# Handled by the device's own kernels before dispatch (factories and copies).
-DEVICE_KERNELS = {"aten.empty_strided.default"}
 
 
 def test_core_aten_ops_do_not_fall_back():
-    falling = {str(op) for op in coverage.core_aten_ops() if status_of(op) == "fallback"} - DEVICE_KERNELS
+    falling = {str(op) for op in coverage.core_aten_ops() if status_of(op) == "fallback"}
     assert falling - set(KNOWN_CORE_FALLBACKS) == set(), "core ATen ops without a lowering"
     assert set(KNOWN_CORE_FALLBACKS) - falling == set(), "lowered now: remove them from KNOWN_CORE_FALLBACKS"
 

@@ -667,10 +667,17 @@ def _leaves(args, kwargs):
             yield x
 
 
+# Ops the device's own kernels take before any dispatch here (factories, empty, copies): filled by _core.
+DEVICE_KERNEL_OPS: set = set()
+
+
 def status_of(func) -> str:
-    """How lazyxla runs ``func``: 'rule', 'special', 'decomposition', 'functionalized' or 'fallback'."""
+    """How lazyxla runs ``func``: 'rule', 'special', 'kernel', 'decomposition', 'functionalized' or
+    'fallback'."""
     if func in _SPECIAL:
         return "special"
+    if func in DEVICE_KERNEL_OPS:
+        return "kernel"
     if func in RULES:
         return "rule"
     if func._schema.name.startswith("aten::_foreach_") and _foreach_element_op(func) is not None:
