@@ -2,12 +2,11 @@
 
 ``sync()`` only queues the program, so a loop that reads each loss one step late records the next step
 while the device still runs the previous one, and a step should cost about max(host, device) rather
-than host + device. Three ways of running the same lazyxla training step, interleaved:
+than host + device. The same lazyxla training step, run two ways (each in its own block of steps):
 
-- host: recording plus ``sync()`` (the time the Python thread spends per step), then a wait outside it;
-- device: the wait alone after a sync with nothing else to do (the program's run time, roughly);
-- serial: record, sync, read the loss (each step waits for its own result: host + device);
-- pipelined: record, sync, then read the previous step's loss (the next step's recording overlaps).
+- serial: record, ``sync()``, read the loss (each step waits for its own result). Its parts: host =
+  recording + ``sync()`` (the Python thread's time), device = the wait for the loss after that;
+- pipelined: record, ``sync()``, then read the previous step's loss.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from benchmarks import torch_models
 
 def run(model: str, settings: S.Settings) -> dict[str, Any]:
     """Median seconds per step of each way, for ``model`` on lazyxla."""
-    import lazyxla
 
     record, sync = torch_models.setup(model, settings.spec(model), "lazyxla")
     for _ in range(settings.warmup):
@@ -30,34 +28,28 @@ def run(model: str, settings: S.Settings) -> dict[str, Any]:
         sync()
         loss.item()
     host, device, serial, pipelined = [], [], [], []
-    previous = None
     for _ in range(settings.steps):
         t0 = time.perf_counter()
         loss = record()
         sync()
         t1 = time.perf_counter()
-        lazyxla.wait_device_ops()
-        t2 = time.perf_counter()
         loss.item()
+        t2 = time.perf_counter()
         host.append(t1 - t0)
         device.append(t2 - t1)
-
+        serial.append(t2 - t0)
+    previous = record()
+    sync()
+    for _ in range(settings.steps):
         t0 = time.perf_counter()
         loss = record()
         sync()
-        loss.item()
-        serial.append(time.perf_counter() - t0)
-
-        t0 = time.perf_counter()
-        loss = record()
-        sync()
-        if previous is not None:
-            previous.item()
+        previous.item()
         previous = loss
         pipelined.append(time.perf_counter() - t0)
     previous.item()
     out = {name: R.summary(ts) for name, ts in (("host", host), ("device", device), ("serial", serial))}
-    out["pipelined"] = R.summary(pipelined[1:])  # the first has no previous step to wait for
+    out["pipelined"] = R.summary(pipelined)
     out["model"] = model
     return out
 
@@ -81,6 +73,6 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         "(g) overlap: recording step N+1 while the device runs step N (lazyxla, median ms per step)",
         ["model", "host", "device", "serial", "pipelined", "pipelined / max(host, device)"],
         rows,
-        ["host: record + sync(); device: waiting after it; serial: read each loss at once;",
+        ["serial: read each loss at once (host: record + sync(); device: the wait for the loss after it);",
          "pipelined: read each loss one step late, so the next step's recording overlaps the device"],
     )  # fmt: skip
