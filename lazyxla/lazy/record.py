@@ -233,11 +233,13 @@ def _record_general(func, args, kwargs):
     ckey = canonical(template)
     spec, avals = _infer(func, template, ckey, flat, args, kwargs)
     base = op_hash(func, ckey, flat.device)
-    return _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base), (template, base, spec, avals)
+    random = RULES[func].random
+    out = _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base, random)
+    return out, (template, base, spec, avals, random)
 
 
-def _finish(func, inputs, template, avals, spec, device, base):
-    if RULES[func].random:
+def _finish(func, inputs, template, avals, spec, device, base, random):
+    if random:
         inputs += ((rng.next_key_leaf(device), 0),)
     n = node(func, inputs, template, avals, device, base=base)
     _counters["ops_recorded"] += 1
@@ -286,9 +288,8 @@ def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
     return None
 
 
-def _signature(func, args, kwargs):
-    pos_scalar, kw_scalar = _scalar_args(func)
-    sig: list = [func]
+def _signature(func, args, kwargs, pos_scalar, kw_scalar):
+    sig: list = [id(func)]  # OpOverloads live forever; hashing one runs Python code, hashing an int does not
     inputs: list = []
     device = -1
     for i, a in enumerate(args):
@@ -320,15 +321,16 @@ def _signature(func, args, kwargs):
     return tuple(sig), tuple(inputs), device
 
 
-def record(func, args, kwargs):
+def record(func, args, kwargs, route=None):
     """Record ``func`` applied to ``args``/``kwargs`` as a new node; returns its LazyTensor output(s)."""
-    found = _signature(func, args, kwargs)
+    route = route or _routes.get(id(func)) or _route(func)
+    found = _signature(func, args, kwargs, route[2], route[3])
     if found is not None:
         sig, inputs, device = found
         entry = _fast.get(sig)
         if entry is not None:
-            template, base, spec, avals = entry
-            return _finish(func, inputs, template, avals, spec, device, base)
+            template, base, spec, avals, random = entry
+            return _finish(func, inputs, template, avals, spec, device, base, random)
     out, entry = _record_general(func, args, kwargs)
     if found is not None:
         if len(_fast) >= _FAST_LIMIT:  # shapes that keep changing: start over rather than grow forever
@@ -710,14 +712,26 @@ def _check_devices(args, kwargs) -> None:
         )
 
 
+# id(op) -> (special handler or None, whether it has a rule, Scalar positions, Scalar keyword names):
+# one int-keyed lookup per op instead of several dict lookups that each hash the OpOverload in Python.
+_routes: dict = {}
+
+
+def _route(func) -> tuple:
+    route = (_SPECIAL.get(func), func in RULES, *_scalar_args(func))
+    _routes[id(func)] = route
+    return route
+
+
 def dispatch(func, args, kwargs):
-    special = _SPECIAL.get(func)
+    route = _routes.get(id(func)) or _route(func)
+    special = route[0]
     if special is not None:
         return special(*args, **kwargs)
     why = _NO_RULE
-    if func in RULES:
+    if route[1]:
         try:
-            return record(func, args, kwargs)
+            return record(func, args, kwargs, route)
         except _NoMeta:
             why = "has an output shape that depends on the data (or no meta kernel) for these arguments"
     _check_devices(args, kwargs)
