@@ -101,9 +101,16 @@ _FACTORIES = (
     "rand",
     "randn",
 )
+
+
+def _overload(name: str):
+    """``aten.<op>.<overload>`` for ``"op"`` or ``"op.overload"`` (an ``aten::`` prefix is allowed)."""
+    op, _, overload = name.removeprefix("aten::").partition(".")
+    return getattr(getattr(aten, op), overload or "default")
+
+
 for _name in _FACTORIES:
-    _op = getattr(getattr(aten, _name.split(".")[0]), (_name.split(".") + ["default"])[1])
-    KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _op)
+    KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _overload(_name))
 
 
 def _scaled_dot_product_attention(
@@ -134,16 +141,9 @@ def _scaled_dot_product_attention(
 AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention}
 
 
-def _kernel_ops():
-    for name in KERNELS:
-        packet = getattr(aten, name.removeprefix("aten::").split(".")[0])
-        overload = (name.split(".") + ["default"])[1] if "." in name else "default"
-        yield getattr(packet, overload)
-
-
 def install() -> None:
     registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS)
-    DEVICE_KERNEL_OPS.update(_kernel_ops())
+    DEVICE_KERNEL_OPS.update(_overload(name) for name in KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
 

@@ -133,15 +133,12 @@ def op_hash(op, key: Any, device: int) -> int:
         return h
 
 
-def node(op, inputs: tuple, template: Any, avals: tuple, device: int, key: Any = None, base: int | None = None) -> Node:
-    """A new node for ``op`` over ``inputs``; its structural hash combines the op, the canonical
-    template (``key``, computed when not given), the device and the inputs' hashes.
+def node(op, inputs: tuple, template: Any, avals: tuple, device: int, base: int) -> Node:
+    """A new node for ``op`` over ``inputs``; ``base`` is ``op_hash(op, canonical(template), device)``,
+    which the structural hash combines with the inputs' hashes.
 
-    ``base`` is ``op_hash(op, key, device)`` when the caller has it. Identical nodes are not merged
-    here: XLA eliminates common subexpressions in the compiled program anyway.
+    Identical nodes are not merged here: XLA eliminates common subexpressions in the compiled program.
     """
-    if base is None:
-        base = op_hash(op, canonical(template) if key is None else key, device)
     # a tuple of ints hashes the same in every process
     h = hash((base, tuple([(n.hash, i) for n, i in inputs])))
     return Node(op, inputs, template, avals, h, None, device)

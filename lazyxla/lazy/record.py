@@ -83,7 +83,7 @@ class _Flat:
                 "Expected all tensors to be on the same device, but found at least two devices, "
                 f"lazyxla:{self.device} and lazyxla:{n.device}!"
             )
-        return self._add(t._value, Aval(tuple(t.shape), t.dtype), None)
+        return self._add(t._value, t._aval, None)
 
     def _add(self, value, aval, subst):
         self.inputs.append(value)
@@ -241,7 +241,7 @@ def _record_general(func, args, kwargs):
 def _finish(func, inputs, template, avals, spec, device, base, random):
     if random:
         inputs += ((rng.next_key_leaf(device), 0),)
-    n = node(func, inputs, template, avals, device, base=base)
+    n = node(func, inputs, template, avals, device, base)
     _counters["ops_recorded"] += 1
     if type(spec) is int:
         return LazyTensor((n, spec), avals[spec])
@@ -362,7 +362,7 @@ def _from_cpu(t: torch.Tensor, device: int) -> LazyTensor:
 
 
 def _alias(t: LazyTensor) -> LazyTensor:
-    return LazyTensor(t._value, Aval(tuple(t.shape), t.dtype))
+    return LazyTensor(t._value, t._aval)
 
 
 def _copy(dst, src, non_blocking=False):

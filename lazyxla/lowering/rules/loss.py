@@ -114,6 +114,15 @@ def _rows(x):
     return x.reshape(-1, x.shape[-1] if x.ndim else 1)
 
 
+def _reduced_loss_grad(per_sample, g, x, reduction):
+    """The input gradient of ``reduce_loss(per_sample(x), reduction)`` for the incoming gradient ``g``."""
+
+    def f(x):
+        return reduce_loss(per_sample(x), reduction)
+
+    return vjp(f, (acc(x),), acc(g).reshape(() if reduction else (-1,)), (True,))[0].reshape(x.shape)
+
+
 def _multi_margin(x, target, p, margin, weight):
     """Per-sample multi-class hinge loss: sum over i != y of max(0, margin - x[y] + x[i])^p * w[y] / C."""
     x = _rows(acc(x))
@@ -135,10 +144,7 @@ def _multi_margin_loss(ctx, x, target, p=1, margin=1, weight=None, reduction=1):
 
 @lowers(aten.multi_margin_loss_backward.default)
 def _multi_margin_loss_backward(ctx, g, x, target, p, margin, weight=None, reduction=1):
-    def f(x):
-        return reduce_loss(_multi_margin(x, target, p, margin, weight), reduction)
-
-    return vjp(f, (acc(x),), acc(g).reshape(() if reduction else (-1,)), (True,))[0].reshape(x.shape)
+    return _reduced_loss_grad(lambda x: _multi_margin(x, target, p, margin, weight), g, x, reduction)
 
 
 def _multilabel(x, target):
@@ -169,7 +175,4 @@ def _multilabel_margin_loss(ctx, x, target, reduction):
 
 @lowers(aten.multilabel_margin_loss_backward.default)
 def _multilabel_margin_loss_backward(ctx, g, x, target, reduction, is_target):
-    def f(x):
-        return reduce_loss(_multilabel(x, target)[0], reduction)
-
-    return vjp(f, (acc(x),), acc(g).reshape(() if reduction else (-1,)), (True,))[0].reshape(x.shape)
+    return _reduced_loss_grad(lambda x: _multilabel(x, target)[0], g, x, reduction)
