@@ -120,6 +120,19 @@ def test_parameters_are_donated(dev):
     assert not any(a.is_deleted() for a in new)
 
 
+def test_a_held_buffer_is_not_donated_by_a_program_compiled_when_it_was_free(dev):
+    """The same graph compiled while an input was free (donated) must not run when a tensor holds it."""
+    x = torch.ones(4).to(dev)
+    keep = None
+    for i in range(4):
+        if i == 2:
+            keep = x  # from now on the step's input is still held after the step
+        x = x + 1
+        lazyxla.sync()
+    assert x.cpu().tolist() == [5.0] * 4
+    assert keep.cpu().tolist() == [3.0] * 4
+
+
 def test_manual_seed_seeds_the_device(dev):
     torch.manual_seed(123)
     a = torch.randn(5, device=dev).cpu()

@@ -50,14 +50,15 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
             values.setdefault((id(t._value[0]), t._value[1]), t._value)
         roots = sorted(values.values(), key=lambda v: (v[0].hash, v[1]))
         order, leaves, events = _walk(roots)
+        donate = _donatable(leaves, tensors) if full and config.donate else ()
         key = (
             device,
             tuple((m.hash, i) for m, i in roots),
             tuple(leaf.avals[0] for leaf in leaves),
             events,
+            tuple(donate),  # a program donates buffers: one compiled for other donations would free held data
             config.compile_key(),
         )
-        donate = _donatable(leaves, tensors) if full and config.donate else ()
     try:
         compiled = cache.get(key, order, leaves, roots, device, donate)
         layout = compiled.layout
@@ -92,7 +93,7 @@ def _donatable(leaves, pending) -> list[int]:
     """Inputs no live tensor holds after this step: their buffers can be donated to its outputs."""
     pending_ids = {id(t) for t in pending}
     held = {id(t._value[0]) for t in live_tensors() if id(t) not in pending_ids}
-    return [i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held]
+    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held)
 
 
 def _group(tensors):
