@@ -70,15 +70,15 @@ FLAGS: tuple[Flag, ...] = (
         "persistent_cache",
         bool,
         True,
-        "Keep compiled programs on disk in cache_dir (JAX's persistent compilation cache), so another "
-        "process running the same steps loads them instead of compiling.",
+        "Keep compiled programs on disk in cache_dir, keyed by the recorded graph, so another process "
+        "running the same steps loads them instead of lowering and compiling.",
     ),
     Flag(
         "cache_dir",
         str,
         _user_cache_dir(),
         "Folder of the persistent compilation cache, created on first use ($XDG_CACHE_HOME or ~/.cache, "
-        "then lazyxla/xla). A jax_compilation_cache_dir the user set for jax takes precedence.",
+        "then lazyxla/xla). Only lazyxla's programs go there; jax's own cache settings are left alone.",
     ),
 )
 

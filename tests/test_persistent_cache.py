@@ -44,7 +44,9 @@ with warnings.catch_warnings(record=True) as caught:
         first = time.perf_counter() - t if first is None else first
 c = lazyxla.metrics.counters()
 warned = [str(w.message) for w in caught if "cache" in str(w.message)]
+t = lazyxla.metrics.timers()
 print(json.dumps({"losses": losses, "first_step_s": first, "warnings": warned,
+                  "lowered": t.get("lower", {}).get("count", 0), "xla_compiled": t.get("compile", {}).get("count", 0),
                   **{k: c[k] for k in ("compiles", "cache_hits", "persistent_cache_hits", "persistent_cache_misses")}}))
 """
 
@@ -68,10 +70,12 @@ def test_second_process_loads_executables_instead_of_compiling(tmp_path):
     first = _train(tmp_path, LAZYXLA_CACHE_DIR=str(folder))
     assert first["persistent_cache_hits"] == 0
     assert first["persistent_cache_misses"] == first["compiles"] > 0
-    assert any(p.name.endswith("-cache") for p in _files(folder))
+    assert len([p for p in _files(folder) if p.name.endswith(".lxc")]) == first["compiles"]
+    assert first["lowered"] == first["xla_compiled"] == first["compiles"]
     second = _train(tmp_path, LAZYXLA_CACHE_DIR=str(folder))
     assert second["persistent_cache_hits"] == second["compiles"] == first["compiles"]
     assert second["persistent_cache_misses"] == 0
+    assert second["lowered"] == second["xla_compiled"] == 0  # loaded by the graph's digest: not even lowered
     assert second["cache_hits"] == first["cache_hits"]  # the in-memory cache behaves the same either way
     assert second["losses"] == first["losses"]
     assert not first["warnings"] and not second["warnings"]
@@ -103,30 +107,24 @@ def test_unusable_folder_warns_once_and_trains(tmp_path):
 
 # In-process checks (this process's jax state is shared with the other tests: each one restores it).
 
-needs_lazyxla_folder = pytest.mark.skipif(
-    jax.config.jax_compilation_cache_dir is not None, reason="jax's own cache folder is set: lazyxla uses that one"
-)
-
-
 def _step(dev, n: int) -> float:
     x = torch.arange(float(n)).to(dev)
     return (x * 3 + 1).sum().item()
 
 
-@needs_lazyxla_folder
 def test_corrupt_entry_is_dropped_and_recompiled(tmp_path, dev, monkeypatch):
     monkeypatch.setattr(cache, "_warned", set())
     with lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
         cache.clear()
         assert _step(dev, 7) == 70.0
-        entries = [p for p in _files(tmp_path) if p.name.endswith("-cache")]
+        entries = [p for p in _files(tmp_path) if p.name.endswith(".lxc")]
         assert len(entries) == 1
         entries[0].write_bytes(b"garbage")
         cache.clear()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert _step(dev, 7) == 70.0
-        assert [str(w.message) for w in caught if "could not be read" in str(w.message)]
+        assert [str(w.message) for w in caught if "could not be loaded" in str(w.message)]
         assert entries[0].read_bytes() != b"garbage"  # written afresh
         cache.clear()
         before = lazyxla.metrics.counters()["persistent_cache_hits"]
@@ -135,7 +133,6 @@ def test_corrupt_entry_is_dropped_and_recompiled(tmp_path, dev, monkeypatch):
     cache.clear()
 
 
-@needs_lazyxla_folder
 def test_user_jit_compiles_do_not_use_lazyxla_folder(tmp_path, dev):
     import jax.numpy as jnp
 
@@ -158,29 +155,36 @@ def test_persistent_cache_flag_parses(value, monkeypatch):
     assert _Config().persistent_cache is False
 
 
-@needs_lazyxla_folder
-def test_a_cache_failure_inside_jax_falls_back_to_compiling(tmp_path, dev, monkeypatch):
-    from jax._src import compilation_cache as jcc
-
-    real = jcc.get_executable_and_time
+def test_a_failing_load_falls_back_to_compiling(tmp_path, dev, monkeypatch):
+    from jax.experimental import serialize_executable
 
     def broken(*args, **kwargs):
-        if jcc._cache is not None:  # jax lets this error escape from compile()
-            raise jcc.CacheVerificationError("deliberately broken", "key", b"", b"")
-        return real(*args, **kwargs)
+        raise RuntimeError("deliberately broken")
 
     monkeypatch.setattr(cache, "_warned", set())
-    monkeypatch.setattr(cache, "_broken", {})
     with lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
         cache.clear()
         _step(dev, 4)  # writes the entry
         cache.clear()
-        monkeypatch.setattr(jcc, "get_executable_and_time", broken)
-        with pytest.warns(RuntimeWarning, match="is off for this process.*deliberately broken"):
+        monkeypatch.setattr(serialize_executable, "deserialize_and_load", broken)
+        with pytest.warns(RuntimeWarning, match="could not be loaded.*deliberately broken"):
             assert _step(dev, 4) == 22.0
-        assert str(tmp_path) in cache._broken
+    cache.clear()
+
+
+def test_the_disk_key_tells_apart_graphs_that_differ_only_in_a_constant(tmp_path, dev):
+    """Entries are named by the graph's contents: a different constant argument is a different program."""
+    with lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
         cache.clear()
-        assert _step(dev, 4) == 22.0  # compiled without the disk cache, no second warning
+        m = torch.arange(9.0).reshape(3, 3).to(dev)
+        assert m.sum(dim=0).tolist() == [9.0, 12.0, 15.0]
+        assert m.sum(dim=1).tolist() == [3.0, 12.0, 21.0]  # same shapes, another constant
+        assert len([p for p in _files(tmp_path) if p.name.endswith(".lxc")]) == 2
+        cache.clear()
+        hits = lazyxla.metrics.counters()["persistent_cache_hits"]
+        assert m.sum(dim=1).tolist() == [3.0, 12.0, 21.0]  # loaded, and the right one
+        assert m.sum(dim=0).tolist() == [9.0, 12.0, 15.0]
+        assert lazyxla.metrics.counters()["persistent_cache_hits"] == hits + 2
     cache.clear()
 
 
@@ -198,7 +202,6 @@ def _sgd_run(dev) -> list[torch.Tensor]:
     return [p.cpu() for p in model.parameters()]
 
 
-@needs_lazyxla_folder
 def test_results_are_the_same_with_the_disk_cache_on_or_off(tmp_path, dev):
     cache.clear()
     with lazyxla.config.override(persistent_cache=False):

@@ -1,29 +1,28 @@
-"""The compile cache: graph key -> compiled XLA executable, in memory, backed on disk by JAX's persistent cache.
+"""The compile cache: graph key -> compiled XLA executable, in memory and on disk.
 
 In memory: an LRU of ``config.compile_cache_size`` programs, keyed by the graph's structural hash.
-On disk (``config.persistent_cache``, on by default): JAX's own persistent compilation cache in
-``config.cache_dir``, keyed by jax on the lowered program, the devices, the compile options and the
-jax/XLA versions, so a new process running the same steps loads its executables instead of compiling.
 
-A new process finds its programs there because a sync lays a program out (argument and result order)
-by the nodes' structural hashes, which are the same in every process (``lazy.ir.stable_hash``), so
-the same step lowers to the same program text.
+On disk (``config.persistent_cache``, on by default): lazyxla's own store of serialized executables
+in ``config.cache_dir``, one file per program, named by a 256-bit digest of the graph itself (every
+node's op, constant arguments, output shapes and dtypes, and wiring; the leaves, the results, the
+donations, the device), of lazyxla's source code, the lowering flags and the jax/XLA build and device.
+Because the key is the recorded graph and not the lowered program, a new process running the same
+steps skips lowering as well as compiling: it walks the graph, hashes it and loads the executable.
 
-The disk cache is scoped to lazyxla's compiles, and the user's jax configuration is never changed:
-around lazyxla's ``lowered.compile()`` the jax options it needs are set with jax's thread-local
-config contexts, and jax's process-wide cache object is swapped for lazyxla's and put back after.
-The user's own ``jax.jit`` compiles neither read nor write lazyxla's folder. If the user set a cache
-folder for jax itself (``jax_compilation_cache_dir``), lazyxla's compiles use that one, as jax does.
+Entries are written atomically (a temporary file in the folder, then a rename) and carry a checksum:
+a torn or corrupt file is found, removed and the program compiled again, with one warning. The folder
+is created private (0700): an entry is machine code that this process will run, so, as with jax's own
+cache, only point ``cache_dir`` at folders you trust. jax's configuration is never changed; a jax
+compilation cache the user turned on for jax applies to lazyxla's compiles as to any ``jax.jit``.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
+import hashlib
 import os
-import threading
+import tempfile
 import warnings
-from collections.abc import Iterator
 
 import jax
 
@@ -32,25 +31,10 @@ from lazyxla.device import runtime
 from lazyxla.lazy import metrics
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 
-try:  # jax internals the scoped disk cache needs (checked: jax 0.10); without them it stays off
-    from jax._src import compilation_cache as _jcc
-    from jax._src import config as _jcfg
-    from jax._src import lru_cache as _jlru
-    from jax._src.compilation_cache_interface import CacheInterface as _CacheInterface
-
-    _JAX_INTERNALS = all(hasattr(_jcc, a) for a in ("_cache", "_cache_initialized", "decompress_executable"))
-except ImportError:  # pragma: no cover - depends on the jax version
-    _CacheInterface = object
-    _JAX_INTERNALS = False
-
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
 
-_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # jax loaded the executable from its persistent cache
-_LOOKUP_EVENT = "/jax/compilation_cache/compile_requests_use_cache"  # jax looked there first
-_events = threading.local()  # .seen: jax's cache events during the lazyxla compile on this thread
-_listening = False
-_stores: dict[str, _DiskStore] = {}  # cache folder -> lazyxla's jax cache object over it
 _broken: dict[str, str] = {}  # cache folder -> why the disk cache is off for it (warned once)
+_ready: set[str] = set()  # cache folders created and usable
 _warned: set[str] = set()
 
 
@@ -77,7 +61,7 @@ def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
 
 
 def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
-    """The compiled program for a sync's graph: from memory, else lowered and compiled (or loaded from disk).
+    """The compiled program for a sync's graph: from memory, else loaded from disk, else lowered and compiled.
 
     ``order``, ``leaves`` and ``roots`` are the graph as the sync walked it; the program takes the
     leaves' arrays as ``Compiled.layout`` arranges them and returns the roots' arrays in order,
@@ -97,20 +81,33 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     in_avals = [leaf.avals[0] for leaf in leaves]
     out_avals = [m.avals[i] for m, i in roots]
     donated = _usable_donations(donate_candidates, in_avals, out_avals)
-    store = _store()
-    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
-        with metrics.timer("lower"):
-            dev = runtime.jax_device(device)
-            sharding = jax.sharding.SingleDeviceSharding(dev)
-            layout = ArgLayout(leaves)
-            fn = jax.jit(
-                graph_fn(order, leaves, roots, layout),
-                donate_argnums=layout.positions(donated),
-                out_shardings=sharding,
-            )
-            lowered = fn.lower(*layout.specs(leaves, sharding))
-        with metrics.timer("compile"):  # an XLA compile, or a load from the persistent cache
-            executable = _compile(lowered, store)
+    layout = ArgLayout(leaves)
+    dev = runtime.jax_device(device)
+    folder = _folder()
+    path = None
+    executable = None
+    if folder is not None:
+        with metrics.timer("disk_cache"):
+            path = os.path.join(folder, _digest(order, leaves, roots, device, donated) + _SUFFIX)
+            executable = _load(path, dev, len(layout.specs(leaves, None)), len(roots))
+    if executable is not None:
+        metrics.inc("persistent_cache_hits")
+    else:
+        with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+            with metrics.timer("lower"):
+                sharding = jax.sharding.SingleDeviceSharding(dev)
+                fn = jax.jit(
+                    graph_fn(order, leaves, roots, layout),
+                    donate_argnums=layout.positions(donated),
+                    out_shardings=sharding,
+                )
+                lowered = fn.lower(*layout.specs(leaves, sharding))
+            with metrics.timer("compile"):
+                executable = lowered.compile()
+        if path is not None:
+            metrics.inc("persistent_cache_misses")
+            with metrics.timer("disk_cache"):
+                _save(path, executable)
     metrics.inc("compiles")  # a program this process built: compiled, or loaded from disk (counted apart)
     compiled = Compiled(executable, donated, layout)
     _cache[key] = compiled
@@ -135,144 +132,145 @@ def clear() -> None:
 
 # --- the persistent (disk) cache --------------------------------------------------------------------
 
+_MAGIC = b"lazyxla-executable-v1\n"
+_SUFFIX = ".lxc"
+_CHECK = 32  # bytes of the entry's blake2b checksum, after the magic
+_environment: tuple | None = None
 
-class _DiskStore(_CacheInterface):
-    """jax's file cache over one folder; a corrupt entry is dropped and a failed write skipped, warned once."""
 
-    def __init__(self, path: str) -> None:
+def _fingerprint() -> tuple:
+    """What, besides the graph, decides the compiled program: lazyxla's code, jax/XLA's build, the device."""
+    global _environment
+    if _environment is None:
+        import jaxlib
+
+        code = hashlib.blake2b(digest_size=32)
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for root, dirs, files in os.walk(package):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    with open(os.path.join(root, name), "rb") as f:
+                        code.update(name.encode() + b"\0" + f.read())
+        dev = runtime.local_devices()[0]
+        _environment = (
+            code.hexdigest(),
+            jax.__version__,
+            jaxlib.__version__,
+            dev.platform,
+            dev.client.platform_version,
+            dev.device_kind,
+            os.environ.get("XLA_FLAGS", ""),
+        )
+    return _environment
+
+
+def _digest(order, leaves, roots, device: int, donated) -> str:
+    """The 256-bit name of a program on disk: the graph exactly (ops, constants, wiring) and its setting."""
+    index: dict[int, int] = {}
+    parts: list = [_fingerprint(), config.compile_key(), device, tuple(donated)]
+    for n in leaves:
+        index[id(n)] = len(index)
+        parts.append((n.op.value, n.avals))
+    for n in order:
+        index[id(n)] = len(index)
+        parts.append((str(n.op), n.template, n.avals, tuple([(index[id(m)], i) for m, i in n.inputs])))
+    parts.append(tuple([(index[id(m)], i) for m, i in roots]))
+    return hashlib.blake2b(repr(parts).encode(), digest_size=32).hexdigest()
+
+
+def _folder() -> str | None:
+    """The disk cache's folder for this compile, or None: turned off, or unusable (warned once)."""
+    if not config.persistent_cache or not config.cache_dir:
+        return None
+    path = os.path.abspath(os.path.expanduser(config.cache_dir))
+    if path in _ready:
+        return path
+    if path in _broken:
+        return None
+    try:
         os.makedirs(path, mode=0o700, exist_ok=True)  # entries are executable code: keep them private
-        self._base = _jlru.LRUCache(path, max_size=-1)
-        self._path = self._base._path
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(f"{path} is not writable")
+    except Exception as e:
+        _broken[path] = str(e)
+        _warn_once(
+            "off:" + path,
+            f"lazyxla: the persistent compilation cache in {path} is off for this process: the folder cannot "
+            f"be created or used ({type(e).__name__}: {e}). Programs are compiled as usual, just not reused "
+            "by other processes. Point lazyxla.config.cache_dir (LAZYXLA_CACHE_DIR) at a writable folder, or "
+            "turn the cache off with LAZYXLA_PERSISTENT_CACHE=0.",
+        )
+        return None
+    _ready.add(path)
+    return path
 
-    def get(self, key: str) -> bytes | None:
-        try:
-            value = self._base.get(key)
-            if value is not None:
-                _jcc.decompress_executable(value)  # a truncated or corrupt entry fails here, not inside jax
-            return value
-        except Exception as e:
-            _warn_once(
-                "read",
-                f"lazyxla: the persistent compilation cache entry {key} in {self._path} could not be read "
-                f"({type(e).__name__}: {e}); it is removed and the program compiled again. If this repeats, "
-                "delete the folder (it is only a cache).",
-            )
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(str(self._path), key + getattr(_jlru, "_CACHE_SUFFIX", "-cache")))
-            return None
 
-    def put(self, key: str, value: bytes) -> None:
+def _load(path: str, dev, n_args: int, n_outs: int):
+    """The executable stored at ``path`` loaded onto ``dev``, or None (absent; unreadable: removed, warned)."""
+    from jax.experimental import serialize_executable
+
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn_once("read", f"lazyxla: cannot read the persistent compilation cache entry {path} ({e}); compiling.")
+        return None
+    try:
+        head = len(_MAGIC)
+        payload = blob[head + _CHECK :]
+        if blob[:head] != _MAGIC or blob[head : head + _CHECK] != hashlib.blake2b(payload, digest_size=_CHECK).digest():
+            raise ValueError("not a lazyxla cache entry, or truncated or corrupt (checksum mismatch)")
+        in_tree = jax.tree_util.tree_structure((tuple(range(n_args)), {}))
+        out_tree = jax.tree_util.tree_structure(tuple(range(n_outs)))
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=dev.client, execution_devices=[dev]
+        )
+    except Exception as e:
+        _warn_once(
+            "read",
+            f"lazyxla: the persistent compilation cache entry {path} could not be loaded ({type(e).__name__}: "
+            f"{e}); it is removed and the program compiled again. If this repeats, delete the folder (it is only "
+            "a cache).",
+        )
         try:
-            self._base.put(key, value)
-        except Exception as e:
-            _warn_once(
-                "write",
-                f"lazyxla: could not write to the persistent compilation cache in {self._path} "
-                f"({type(e).__name__}: {e}); runs go on, but another process will compile again. Make the "
-                "folder writable, point lazyxla.config.cache_dir (LAZYXLA_CACHE_DIR) elsewhere, or turn the "
-                "cache off with LAZYXLA_PERSISTENT_CACHE=0.",
-            )
+            os.remove(path)
+        except OSError:
+            pass
+        return None
+
+
+def _save(path: str, executable) -> None:
+    """Write the executable to ``path`` atomically (temporary file, rename); a failure warns once."""
+    from jax.experimental import serialize_executable
+
+    tmp = None
+    try:
+        payload, _, _ = serialize_executable.serialize(executable)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + hashlib.blake2b(payload, digest_size=_CHECK).digest() + payload)
+        os.replace(tmp, path)
+        tmp = None
+    except Exception as e:
+        _warn_once(
+            "write",
+            f"lazyxla: could not write to the persistent compilation cache in {os.path.dirname(path)} "
+            f"({type(e).__name__}: {e}); runs go on, but another process will compile again. Make the "
+            "folder writable, point lazyxla.config.cache_dir (LAZYXLA_CACHE_DIR) elsewhere, or turn the "
+            "cache off with LAZYXLA_PERSISTENT_CACHE=0.",
+        )
+    finally:
+        if tmp is not None:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
 
 
 def _warn_once(kind: str, message: str) -> None:
     if kind not in _warned:
         _warned.add(kind)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-
-
-def _disable(path: str, why: str) -> None:
-    _broken[path] = why
-    _warn_once(
-        "off:" + path,
-        f"lazyxla: the persistent compilation cache in {path} is off for this process: {why}. Programs are "
-        "compiled as usual, just not reused by other processes. Point lazyxla.config.cache_dir "
-        "(LAZYXLA_CACHE_DIR) at a writable folder, or turn the cache off with LAZYXLA_PERSISTENT_CACHE=0.",
-    )
-
-
-def _on_jax_event(event: str, **kwargs) -> None:
-    seen = getattr(_events, "seen", None)
-    if seen is not None:
-        seen.append(event)
-
-
-def _store() -> _DiskStore | None:
-    """lazyxla's disk cache for this compile, or None: off, the user's own jax cache applies, or unusable."""
-    if not config.persistent_cache or not config.cache_dir:
-        return None
-    if _jcfg_value("compilation_cache_dir") is not None or _jcfg_value("enable_compilation_cache") is False:
-        return None  # the user configured jax's cache (a folder, or off): theirs decides, never overridden
-    path = os.path.abspath(os.path.expanduser(config.cache_dir))
-    if path in _broken:
-        return None
-    store = _stores.get(path)
-    if store is None:
-        if not _JAX_INTERNALS:
-            _disable(path, f"jax {jax.__version__} lacks the internals lazyxla scopes it with")
-            return None
-        try:
-            store = _stores[path] = _DiskStore(path)
-        except Exception as e:
-            _disable(path, f"the folder cannot be created or used ({type(e).__name__}: {e})")
-            return None
-    return store
-
-
-def _jcfg_value(name: str):
-    state = getattr(_jcfg, name, None) if _JAX_INTERNALS else None
-    return None if state is None else state.value
-
-
-@contextlib.contextmanager
-def _jax_cache(store: _DiskStore | None) -> Iterator[None]:
-    """Within the block jax's compiles use ``store`` (None: no disk cache) instead of its own cache object."""
-    saved = _jcc._cache, _jcc._cache_initialized
-    _jcc._cache, _jcc._cache_initialized = store, True
-    try:
-        yield
-    finally:
-        _jcc._cache, _jcc._cache_initialized = saved
-
-
-@contextlib.contextmanager
-def _scope(store: _DiskStore | None) -> Iterator[list[str]]:
-    """Collect jax's cache events for this thread; with a store, also route jax's disk cache to it."""
-    global _listening
-    if not _listening:
-        jax.monitoring.register_event_listener(_on_jax_event)
-        _listening = True
-    _events.seen = seen = []
-    try:
-        with contextlib.ExitStack() as stack:
-            if store is not None:
-                stack.enter_context(_jcfg.compilation_cache_dir(str(store._path)))
-                stack.enter_context(_jcfg.persistent_cache_min_compile_time_secs(0.0))  # keep every program
-                stack.enter_context(_jcfg.persistent_cache_min_entry_size_bytes(-1))  # of any size
-                stack.enter_context(_jcfg.raise_persistent_cache_errors(False))  # cache trouble warns, never fails
-                stack.enter_context(_jax_cache(store))
-            yield seen
-    finally:
-        _events.seen = None
-
-
-def _compile(lowered, store: _DiskStore | None):
-    """``lowered.compile()`` through the persistent cache, counting its hits and misses."""
-    failure = None
-    try:
-        with _scope(store) as seen:
-            executable = lowered.compile()
-    except Exception as e:
-        if store is None:
-            raise
-        failure = e
-    if failure is None:
-        if _HIT_EVENT in seen:
-            metrics.inc("persistent_cache_hits")
-        elif _LOOKUP_EVENT in seen and (store is not None or _jcfg_value("compilation_cache_dir") is not None):
-            metrics.inc("persistent_cache_misses")  # (jax "looks" even with no cache folder at all)
-        return executable
-    # Was it the disk cache? Compile once more without it: a program that does not compile raises again.
-    with _jax_cache(None):
-        executable = lowered.compile()
-    _disable(str(store._path), f"compiling through it raised {type(failure).__name__}: {failure}")
-    return executable
