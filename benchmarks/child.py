@@ -11,6 +11,12 @@ peak RSS during the steps minus its RSS after setup. On Linux the peak-RSS mark 
 ``ru_maxrss`` after the steps minus ``ru_maxrss`` after setup. The run's peak includes the compiler's
 memory (first steps); with the RSS method the mark is reset again after step 2, giving a second
 number, the steady-state peak (steps 3..N) over the same baseline.
+
+XLA buffers (jax.jit and lazyxla): device memory as XLA accounts for it, the measure a GPU or TPU
+user cares about, which the CPU backend does not report as it runs: for each step, the bytes of every
+live ``jax.Array`` before the step plus what the step's compiled program adds while it runs (its
+``memory_analysis()``: temporaries, and outputs not aliased to donated inputs). Compilers, allocator
+slack and the host runtimes (PyTorch's and jax's, both in lazyxla's process) are not in it.
 """
 
 from __future__ import annotations
@@ -97,6 +103,24 @@ class MemoryProbe:
         }
 
 
+def _live_buffer_bytes() -> int:
+    import jax
+
+    return sum(a.nbytes for a in jax.live_arrays())
+
+
+def _program_growth(program) -> int:
+    """Bytes a compiled program allocates beyond its arguments while it runs (XLA's own accounting)."""
+    m = program.memory_analysis()
+    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+
+
+def _last_lazyxla_program():
+    from lazyxla.lowering import cache
+
+    return next(reversed(cache._cache.values())).executable  # the LRU's newest entry: the program just run
+
+
 def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, Any]:
     """Set up ``model`` on ``framework``, time the first step, run ``steps`` in all, report memory."""
     t0 = time.perf_counter()
@@ -112,8 +136,10 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
     probe.start()
     compiles = []
     losses = []
+    xla_peak = 0
     for i in range(steps):
         before = lazyxla.metrics.counters()["compiles"] if lazyxla else 0
+        live = _live_buffer_bytes() if framework != "eager" else 0
         t = time.perf_counter()
         losses.append(step())
         if i == 0:
@@ -122,6 +148,12 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
             probe.mark_steady()
         if lazyxla:
             compiles.append(lazyxla.metrics.counters()["compiles"] - before)
+            xla_peak = max(xla_peak, live + _program_growth(_last_lazyxla_program()))
+        elif framework == "jax.jit":
+            xla_peak = max(xla_peak, live)  # + the program's growth, below (the same program every step)
+    memory = probe.stop()
+    if framework == "jax.jit":
+        xla_peak += _program_growth(step.program())  # after the probe: compiling again takes memory
     out = {
         "framework": framework,
         "model": model,
@@ -129,8 +161,10 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
         "first_step_s": first_step_s,
         "steps": steps,
         "losses": losses,
-        "memory": probe.stop(),
+        "memory": memory,
     }
+    if framework != "eager":
+        out["memory"]["xla_buffers_peak_mb"] = xla_peak / _MB
     if lazyxla:
         out["compiles_per_step"] = compiles
         out["persistent_cache_flag"] = hasattr(lazyxla.config, "persistent_cache")

@@ -155,12 +155,19 @@ def _summarize_processes(runs: dict[str, dict[str, list[dict]]], settings: S.Set
                     "steps": settings.memory_steps,
                     "method": mems[-1]["method"],
                 }
+                if "xla_buffers_peak_mb" in mems[-1]:
+                    memory[model][framework]["xla_buffers_peak"] = R.summary(
+                        [m["xla_buffers_peak_mb"] for m in mems], scale=1.0, unit="mb"
+                    )
         floor = first[model]["jax.jit"]["first_step"]["median_s"]
         for row in first[model].values():
             row["ratio_to_jax"] = R.ratio(row["first_step"]["median_s"], floor)
         floor = memory[model]["jax.jit"]["peak_growth"]["median_mb"]
+        xla_floor = memory[model]["jax.jit"]["xla_buffers_peak"]["median_mb"]
         for row in memory[model].values():
             row["ratio_to_jax"] = R.ratio(row["peak_growth"]["median_mb"], floor)
+            if "xla_buffers_peak" in row:
+                row["xla_buffers_ratio_to_jax"] = R.ratio(row["xla_buffers_peak"]["median_mb"], xla_floor)
     return first, memory
 
 
@@ -323,18 +330,23 @@ def memory_table(memory: dict, settings: S.Settings) -> str:
             pg, st = r["peak_growth"], r["steady_peak_growth"]
             cells = [f"{model} {fw}", R.fmt(pg["median_mb"], 1), R.fmt_range(pg["min_mb"], pg["max_mb"], 1)]
             cells += [R.fmt(r["ratio_to_jax"]), R.fmt(st["median_mb"] if st else None, 1), R.fmt(r["baseline_mb"], 1)]
+            xb = r.get("xla_buffers_peak")
+            cells += [R.fmt(xb["median_mb"], 1) if xb else "-", R.fmt(r.get("xla_buffers_ratio_to_jax"))]
             rows.append(cells)
             methods.add(r["method"])
     notes = [f"method: {m}" for m in sorted(methods)]
     notes += [
         "run = steps 1..N, compilation included (the compiler's memory counts); steady = steps 3..N over the same",
         "baseline. RSS rarely shrinks (allocators keep freed memory), so steady is usually the run's peak too.",
+        "XLA buffers: peak device memory as XLA accounts for it (live jax arrays before a step + the step program's",
+        "temporaries and non-donated outputs, from memory_analysis()); no compiler or host runtime.",
     ]
     title = (
         f"(e) peak memory growth of a {settings.memory_steps}-step training run, a fresh process per row (the "
         f"processes of (c), cache off); median of {settings.process_repeats}"
     )
     header = ["model / framework", "run peak MB", "min–max MB", "x jax.jit", "steady peak MB", "after setup MB"]
+    header += ["XLA buffers MB", "x jax.jit"]
     return R.table(title, header, rows, notes)
 
 

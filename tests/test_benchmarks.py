@@ -102,6 +102,9 @@ def test_memory(results, model):
         assert _positive(r["baseline_mb"]) and _positive(r["peak_mb"]), fw
         assert r["method"], fw
         assert r["steady_peak_growth"] is None or _positive(r["steady_peak_growth"]["median_mb"]), fw
+        if fw != "eager":
+            _stats(r["xla_buffers_peak"], "mb")
+            assert _positive(r["xla_buffers_ratio_to_jax"]), fw
 
 
 def test_recording(results):

@@ -48,15 +48,13 @@ def _scalar_dtype(n: Node):
 
 
 def apply(n: Node, ins: list):
-    """Lower one node given its input arrays; returns the list of its output arrays."""
+    """Lower one node given its input arrays (Python scalars already in ``_scalar_dtype(n)``); returns
+    the list of its output arrays."""
     rule = RULES[n.op]
     ctx = Ctx(n.avals)
     if rule.random:
         ctx.key = jax.random.wrap_key_data(ins[-1], impl="threefry2x32")
         ins = ins[:-1]
-    if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
-        dt = _scalar_dtype(n)
-        ins = [a.astype(dt) if m.op is Leaf.SCALAR else a for (m, _), a in zip(n.inputs, ins)]
     targs, tkw = n.template
     args = [_relist(a) for a in _subst(targs, ins)]
     kwargs = {k: _relist(v) for k, v in _subst(tkw, ins)}
@@ -126,17 +124,43 @@ def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: 
     def fn(*args):
         env = {id(leaves[i]): (a,) for i, a in zip(layout.data, args)}
         rest = len(layout.data)
+        scalars = None
         if layout.scalars:
-            vector = args[rest]
+            scalars = _Scalars(args[rest], {id(leaves[i]): k for k, i in enumerate(layout.scalars)})
             rest += 1
-            for k, i in enumerate(layout.scalars):
-                env[id(leaves[i])] = (vector[k],)
+            for i in layout.scalars:
+                env[id(leaves[i])] = None  # read through ``scalars``, in the dtype of the op that uses it
         if layout.keys:
             keys = args[rest]
             for k, i in enumerate(layout.keys):
                 env[id(leaves[i])] = (keys[k],)
         for n in order:
-            env[id(n)] = apply(n, [env[id(m)][i] for m, i in n.inputs])
-        return tuple(env[id(m)][i] for m, i in roots)
+            if scalars is not None and any(m.op is Leaf.SCALAR for m, _ in n.inputs):
+                dt = _scalar_dtype(n)
+                ins = [scalars.get(m, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
+            else:
+                ins = [env[id(m)][i] for m, i in n.inputs]
+            env[id(n)] = apply(n, ins)
+        return tuple(scalars.get(m, np.float64) if env[id(m)] is None else env[id(m)][i] for m, i in roots)
 
     return fn
+
+
+class _Scalars:
+    """The packed Python scalars inside a traced program: the float64 vector converted once per dtype and
+    split once (two XLA ops per dtype instead of a slice, a reshape and a convert per scalar use)."""
+
+    __slots__ = ("vector", "index", "pieces")
+
+    def __init__(self, vector, index: dict[int, int]) -> None:
+        self.vector = vector
+        self.index = index  # id(scalar leaf) -> position in the vector
+        self.pieces: dict = {}
+
+    def get(self, leaf: Node, dtype):
+        pieces = self.pieces.get(dtype)
+        if pieces is None:
+            n = self.vector.shape[0]
+            parts = jax.lax.split(jax.lax.convert_element_type(self.vector, dtype), [1] * n)
+            pieces = self.pieces[dtype] = [jax.lax.reshape(p, ()) for p in parts]
+        return pieces[self.index[id(leaf)]]
