@@ -14,9 +14,19 @@ from __future__ import annotations
 
 import torch
 
-from lazyxla import _core, lowering, metrics  # noqa: F401  (lowering fills the rule table)
+from lazyxla import _core, lowering, metrics, runtime  # noqa: F401  (lowering fills the rule table)
+from lazyxla.collectives import (
+    ReduceOp,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    collective_permute,
+    reduce_scatter,
+)
+from lazyxla.collectives.launch import SpawnError, spawn
 from lazyxla.config import config
-from lazyxla.device import runtime
+from lazyxla.device import runtime as _runtime
 from lazyxla.lazy.graph import sync, wait_device_ops
 
 __version__ = "0.1.0"
@@ -33,7 +43,7 @@ def device(index: int | None = None) -> torch.device:
         model.to(dev)
     """
     i = 0 if index is None else int(index)
-    runtime.jax_device(i)
+    _runtime.jax_device(i)
     return torch.device("lazyxla", i)
 
 
@@ -44,7 +54,7 @@ def devices() -> list[torch.device]:
 
         for d in lazyxla.devices(): print(d)
     """
-    return [torch.device("lazyxla", i) for i in range(len(runtime.local_devices()))]
+    return [torch.device("lazyxla", i) for i in range(len(_runtime.local_devices()))]
 
 
 def mark_step(wait: bool = False) -> None:
@@ -64,7 +74,26 @@ def platform() -> str:
 
         print(lazyxla.platform())
     """
-    return runtime.platform()
+    return _runtime.platform()
 
 
-__all__ = ["config", "device", "devices", "mark_step", "metrics", "platform", "sync", "wait_device_ops"]
+__all__ = [
+    "ReduceOp",
+    "SpawnError",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "broadcast",
+    "collective_permute",
+    "config",
+    "device",
+    "devices",
+    "mark_step",
+    "metrics",
+    "platform",
+    "reduce_scatter",
+    "runtime",
+    "spawn",
+    "sync",
+    "wait_device_ops",
+]

@@ -80,7 +80,31 @@ FLAGS: tuple[Flag, ...] = (
         "Folder of the persistent compilation cache, created on first use ($XDG_CACHE_HOME or ~/.cache, "
         "then lazyxla/xla). Only lazyxla's programs go there; jax's own cache settings are left alone.",
     ),
+    Flag(
+        "coordinator_address",
+        str,
+        "",
+        "host:port of jax's distributed coordinator for a multi-process run (set by lazyxla.spawn; under "
+        "torchrun it defaults to MASTER_ADDR:MASTER_PORT+1).",
+    ),
+    Flag("num_processes", int, 0, "Processes of a multi-process run (0: from torchrun's WORLD_SIZE, else 1)."),
+    Flag("process_id", int, -1, "This process's index in a multi-process run (-1: from torchrun's RANK)."),
+    Flag("local_rank", int, -1, "This process's index on its host (-1: from torchrun's LOCAL_RANK, else process_id)."),
+    Flag(
+        "distributed_timeout_s",
+        int,
+        120,
+        "Seconds to wait for every process to join a multi-process run, and for rendezvous/mesh_reduce.",
+    ),
 )
+
+# The variables torchrun (and other PyTorch launchers) set for each process.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_env() -> dict[str, str]:
+    """The torchrun-style launcher variables present in this process's environment."""
+    return {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
 
 _BY_NAME = {f.name: f for f in FLAGS}
 

@@ -8,6 +8,8 @@ import jax
 import numpy as np
 import torch
 
+from lazyxla.device import distributed
+
 # All jax work of lazyxla runs with 64-bit types on, so that int64/float64 keep their width; the
 # user's own global jax config is left as it is.
 x64 = functools.partial(jax.enable_x64, True)
@@ -15,6 +17,7 @@ x64 = functools.partial(jax.enable_x64, True)
 
 @functools.cache
 def local_devices() -> tuple[jax.Device, ...]:
+    distributed.ensure_initialized()  # a multi-process run is joined before jax starts its backend
     return tuple(jax.local_devices())
 
 

@@ -63,8 +63,12 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
         compiled = cache.get(key, order, leaves, roots, device, donate)
         layout = compiled.layout
         args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
+        if compiled.replicas is not None:
+            args = compiled.replicas.globalize(args)
         with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
+        if compiled.replicas is not None:
+            outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
     except Exception as e:
         # These tensors can never be computed: mark them so later syncs skip them and reads re-raise.
         for t in tensors:

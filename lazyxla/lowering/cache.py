@@ -26,9 +26,11 @@ import warnings
 
 import jax
 
+from lazyxla.collectives.ops import COLLECTIVE_OPS
 from lazyxla.config import config
-from lazyxla.device import runtime
+from lazyxla.device import distributed, runtime
 from lazyxla.lazy import metrics
+from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
@@ -41,12 +43,13 @@ _warned: set[str] = set()
 class Compiled:
     """One compiled step: the executable, which leaves it donates, and how its arguments carry the leaves."""
 
-    __slots__ = ("executable", "donated", "layout")
+    __slots__ = ("executable", "donated", "layout", "replicas")
 
-    def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout) -> None:
+    def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout, replicas=None) -> None:
         self.executable = executable
         self.donated = donated  # leaf indices
         self.layout = layout
+        self.replicas = replicas  # a replica.Replicas when the program spans the run's replicas, else None
 
 
 def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
@@ -83,7 +86,10 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     donated = _usable_donations(donate_candidates, in_avals, out_avals)
     layout = ArgLayout(leaves)
     dev = runtime.jax_device(device)
-    folder = _folder()
+    reps = None
+    if distributed.world_size() > 1 and any(n.op in COLLECTIVE_OPS for n in order):
+        reps = replica.replicas()
+    folder = _folder() if reps is None else None  # (multi-replica programs are not kept on disk yet)
     path = None
     executable = None
     if folder is not None:
@@ -95,13 +101,16 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     else:
         with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
             with metrics.timer("lower"):
-                sharding = jax.sharding.SingleDeviceSharding(dev)
-                fn = jax.jit(
-                    graph_fn(order, leaves, roots, layout),
-                    donate_argnums=layout.positions(donated),
-                    out_shardings=sharding,
-                )
-                lowered = fn.lower(*layout.specs(leaves, sharding))
+                donate = layout.positions(donated)
+                if reps is None:
+                    sharding = jax.sharding.SingleDeviceSharding(dev)
+                    fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)
+                    lowered = fn.lower(*layout.specs(leaves, sharding))
+                else:
+                    local = layout.specs(leaves, None)
+                    body = graph_fn(order, leaves, roots, layout, replica.AXIS, reps.world)
+                    fn = jax.jit(reps.wrap(body, local, len(roots)), donate_argnums=donate)
+                    lowered = fn.lower(*[reps.global_spec(s) for s in local])
             with metrics.timer("compile"):
                 executable = lowered.compile()
         if path is not None:
@@ -109,7 +118,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
             with metrics.timer("disk_cache"):
                 _save(path, executable)
     metrics.inc("compiles")  # a program this process built: compiled, or loaded from disk (counted apart)
-    compiled = Compiled(executable, donated, layout)
+    compiled = Compiled(executable, donated, layout, reps)
     _cache[key] = compiled
     while len(_cache) > max(config.compile_cache_size, 1):
         _cache.popitem(last=False)

@@ -30,6 +30,8 @@ class Ctx:
 
     avals: tuple  # output avals (shape, torch dtype), as PyTorch's meta kernels computed them
     key: Any = None  # a jax PRNG key, for rules registered with random=True
+    axis: str | None = None  # the replica mesh axis, inside a program that spans the run's replicas
+    world: int = 1  # replicas in that program
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -47,11 +47,11 @@ def _scalar_dtype(n: Node):
     return np_dtype(torch.get_default_dtype() if out == torch.bool else out)
 
 
-def apply(n: Node, ins: list):
+def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
     """Lower one node given its input arrays (Python scalars already in ``_scalar_dtype(n)``); returns
     the list of its output arrays."""
     rule = RULES[n.op]
-    ctx = Ctx(n.avals)
+    ctx = Ctx(n.avals, axis=axis, world=world)
     if rule.random:
         ctx.key = jax.random.wrap_key_data(ins[-1], impl="threefry2x32")
         ins = ins[:-1]
@@ -118,8 +118,12 @@ class ArgLayout:
         return tuple(where[i] for i in leaf_indices)
 
 
-def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: ArgLayout):
-    """A function of the program's arguments (see ``ArgLayout``) returning the roots' arrays."""
+def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: ArgLayout, axis=None, world=1):
+    """A function of the program's arguments (see ``ArgLayout``) returning the roots' arrays.
+
+    ``axis``/``world``: the replica mesh axis and its size when the function runs inside ``shard_map``
+    over the run's replicas (collectives lower to XLA collectives over it).
+    """
 
     def fn(*args):
         env = {id(leaves[i]): (a,) for i, a in zip(layout.data, args)}
@@ -140,7 +144,7 @@ def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: 
                 ins = [scalars.get(m, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
             else:
                 ins = [env[id(m)][i] for m, i in n.inputs]
-            env[id(n)] = apply(n, ins)
+            env[id(n)] = apply(n, ins, axis, world)
         return tuple(scalars.get(m, np.float64) if env[id(m)] is None else env[id(m)][i] for m, i in roots)
 
     return fn

@@ -2,6 +2,7 @@
 
 from lazyxla.lowering.rules import (  # noqa: F401
     attention,
+    collective,
     core,
     fft,
     indexing,
