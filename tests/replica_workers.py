@@ -91,7 +91,8 @@ def check_collectives(rank: int, groups) -> list[str]:
         lazyxla.sync()
     x = _data(rank, (3,), torch.float32).to(dev)
     ring = [(i, (i + 1) % n) for i in range(n)]
-    expect("collective_permute ring", lazyxla.collective_permute(x, ring), _data((rank - 1) % n, (3,), torch.float32).numpy())
+    left = _data((rank - 1) % n, (3,), torch.float32).numpy()
+    expect("collective_permute ring", lazyxla.collective_permute(x, ring), left)
     half = [(0, 1)]
     want = _data(0, (3,), torch.float32).numpy() if rank == 1 else np.zeros(3, np.float32)
     expect("collective_permute partial", lazyxla.collective_permute(x, half), want)
@@ -111,3 +112,43 @@ def check_collectives(rank: int, groups) -> list[str]:
         bad.append("no all-reduce in the compiled program")
     expect("all_reduce after the check", y, sum(2 * _data(r, (3,), torch.float32).numpy() for r in range(n)))
     return bad
+
+
+def runtime_facts(rank: int) -> dict:
+    """What lazyxla.runtime reports in this rank, a rendezvous payload exchange and a mesh_reduce."""
+    import lazyxla
+
+    rt = lazyxla.runtime
+    payloads = rt.rendezvous("facts", f"rank{rank}".encode())
+    total = rt.mesh_reduce("sum", rank + 1, sum)
+    return {
+        "world": rt.world_size(),
+        "ordinal": rt.global_ordinal(),
+        "local": rt.local_ordinal(),
+        "processes": rt.process_count(),
+        "index": rt.process_index(),
+        "master": rt.is_master(),
+        "payloads": [p.decode() for p in payloads],
+        "total": total,
+    }
+
+
+def fail_at_step(rank: int, bad_rank: int, pid_dir: str, how: str) -> None:
+    """Train a little; ``bad_rank`` raises (or kills itself) at step 3, the others go on syncing collectives."""
+    import os
+    import signal
+
+    import lazyxla
+
+    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    dev = lazyxla.device()
+    x = torch.ones(4).to(dev)
+    for step in range(1000):
+        if rank == bad_rank and step == 3:
+            if how == "raise":
+                raise ValueError(f"deliberate failure in rank {rank} at step {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = lazyxla.all_reduce(lazyxla.ReduceOp.SUM, x, scale=0.5)
+        lazyxla.sync()
+        x.cpu()

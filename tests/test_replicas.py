@@ -1,0 +1,111 @@
+"""Replicas across processes: collectives in the graph, the runtime, spawn's fail-fast supervision.
+
+Multi-process tests start real processes on 127.0.0.1 through ``lazyxla.spawn`` (bounded by its
+``timeout_s``; every child is stopped and reaped before it returns or raises).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import replica_workers as W  # tests/ is on sys.path (pytest puts it there); the children import it by name
+import torch
+
+import lazyxla
+from lazyxla import ReduceOp
+
+
+@pytest.mark.parametrize("nprocs,groups", [(2, [[1], [0]]), (4, [[0, 1], [2, 3]])])
+def test_collectives_equal_numpy(nprocs, groups):
+    bad = lazyxla.spawn(W.check_collectives, args=(groups,), nprocs=nprocs, timeout_s=240)
+    assert bad == [[]] * nprocs, [b for b in bad if b]
+
+
+def test_runtime_facts_in_every_rank():
+    facts = lazyxla.spawn(W.runtime_facts, nprocs=2, timeout_s=120)
+    for rank, f in enumerate(facts):
+        assert f["world"] == f["processes"] == 2
+        assert f["ordinal"] == f["index"] == f["local"] == rank
+        assert f["master"] == (rank == 0)
+        assert f["payloads"] == ["rank0", "rank1"]
+        assert f["total"] == 3
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_failing_rank_stops_the_run_and_is_named(tmp_path, how):
+    t = time.monotonic()
+    with pytest.raises(lazyxla.SpawnError) as info:
+        lazyxla.spawn(W.fail_at_step, args=(1, str(tmp_path), how), nprocs=2, timeout_s=120)
+    assert time.monotonic() - t < 60  # (process start-up included; the stop itself is seconds)
+    assert info.value.rank == 1
+    message = str(info.value)
+    assert "rank 1" in message
+    if how == "raise":
+        assert "deliberate failure in rank 1 at step 3" in message and "Traceback" in message
+    else:
+        assert "SIGKILL" in message
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+def test_spawn_checks_its_arguments():
+    with pytest.raises(ValueError, match="nprocs"):
+        lazyxla.spawn(W.runtime_facts, nprocs=0)
+    with pytest.raises(TypeError, match="callable"):
+        lazyxla.spawn(42)
+
+
+# --- one process: collectives over a single replica, and argument checks at the call ------------
+
+
+def test_single_replica_collectives_are_identities(dev):
+    x = torch.arange(6.0).reshape(2, 3).to(dev)
+    half = lazyxla.all_reduce(ReduceOp.SUM, x, scale=0.5).cpu()
+    torch.testing.assert_close(half, torch.arange(6.0).reshape(2, 3) / 2)
+    assert torch.equal(lazyxla.all_gather(x, 1).cpu(), x.cpu())
+    assert torch.equal(lazyxla.reduce_scatter(ReduceOp.MAX, x, 1.0, 0, 1).cpu(), x.cpu())
+    assert torch.equal(lazyxla.all_to_all(x, 0, 1, 1).cpu(), x.cpu())
+    assert torch.equal(lazyxla.collective_permute(x, [(0, 0)]).cpu(), x.cpu())
+    assert torch.equal(lazyxla.broadcast(x).cpu(), x.cpu())
+    lst = [x.clone(), x * 2]
+    assert lazyxla.all_reduce(ReduceOp.SUM, lst, scale=3.0) is lst
+    assert torch.equal(lst[1].cpu(), x.cpu() * 6)
+    assert lazyxla.runtime.world_size() == 1 and lazyxla.runtime.is_master()
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda x: lazyxla.all_reduce("sum", x), TypeError, "lazyxla.ReduceOp"),
+        (lambda x: lazyxla.all_reduce(ReduceOp.SUM, x.cpu()), TypeError, "lazyxla tensors"),
+        (lambda x: lazyxla.all_reduce(ReduceOp.SUM, x, groups=[[0], [1]]), ValueError, "split the 1 replicas"),
+        (lambda x: lazyxla.all_gather(x, 2), IndexError, "out of range"),
+        (lambda x: lazyxla.reduce_scatter(ReduceOp.SUM, x, 1.0, 0, 2), ValueError, "shard_count=2"),
+        (lambda x: lazyxla.all_to_all(x, 0, 1, 3), ValueError, "split_count=3"),
+        (lambda x: lazyxla.collective_permute(x, [(0, 1)]), ValueError, "0..0"),
+        (lambda x: lazyxla.collective_permute(x, [(0,)]), ValueError, "pairs"),
+        (lambda x: lazyxla.broadcast(x, root=2), ValueError, "root=2"),
+        (lambda x: lazyxla.all_reduce(ReduceOp.SUM, []), ValueError, "empty list"),
+    ],
+)
+def test_bad_collective_arguments_raise_at_the_call(dev, call, error, match):
+    x = torch.ones(2, 3).to(dev)
+    with pytest.raises(error, match=match):
+        call(x)
+
+
+def test_rendezvous_and_mesh_reduce_in_one_process():
+    assert lazyxla.runtime.rendezvous("alone", b"x") == [b"x"]
+    assert lazyxla.runtime.mesh_reduce("alone", 5, sum) == 5
+    with pytest.raises(TypeError, match="bytes"):
+        lazyxla.runtime.rendezvous("alone", "not bytes")
