@@ -25,6 +25,7 @@ from lazyxla.collectives import (
     reduce_scatter,
 )
 from lazyxla.collectives.launch import SpawnError, spawn
+from lazyxla.collectives.training import load, optimizer_step, reduce_gradients, save
 from lazyxla.config import config
 from lazyxla.device import runtime as _runtime
 from lazyxla.lazy.graph import sync, wait_device_ops
@@ -88,11 +89,15 @@ __all__ = [
     "config",
     "device",
     "devices",
+    "load",
     "mark_step",
     "metrics",
+    "optimizer_step",
     "platform",
+    "reduce_gradients",
     "reduce_scatter",
     "runtime",
+    "save",
     "spawn",
     "sync",
     "wait_device_ops",

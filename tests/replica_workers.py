@@ -152,3 +152,31 @@ def fail_at_step(rank: int, bad_rank: int, pid_dir: str, how: str) -> None:
         x = lazyxla.all_reduce(lazyxla.ReduceOp.SUM, x, scale=0.5)
         lazyxla.sync()
         x.cpu()
+
+
+def dp_problem(world: int, batch: int = 3, seed: int = 0):
+    """A small MLP regression problem: the model, and the global batch the replicas split."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(world * batch, 5, generator=g)
+    y = torch.randn(world * batch, 2, generator=g)
+    return model, x, y
+
+
+def dp_train(rank: int, world: int, steps: int, batch: int = 3) -> list:
+    """Data-parallel SGD with momentum: each replica trains on its slice; lazyxla.optimizer_step averages."""
+    import lazyxla
+
+    dev = lazyxla.device()
+    model, x, y = dp_problem(world, batch)
+    model = model.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = x[rank * batch : (rank + 1) * batch].to(dev), y[rank * batch : (rank + 1) * batch].to(dev)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        loss.backward()
+        lazyxla.optimizer_step(opt)
+        opt.zero_grad()
+        lazyxla.sync()
+    return [p.detach().cpu().numpy() for p in model.parameters()]

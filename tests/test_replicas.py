@@ -109,3 +109,17 @@ def test_rendezvous_and_mesh_reduce_in_one_process():
     assert lazyxla.runtime.mesh_reduce("alone", 5, sum) == 5
     with pytest.raises(TypeError, match="bytes"):
         lazyxla.runtime.rendezvous("alone", "not bytes")
+
+
+def test_data_parallel_training_equals_one_process_on_the_whole_batch():
+    world, steps = 4, 5
+    per_rank = lazyxla.spawn(W.dp_train, args=(world, steps), nprocs=world, timeout_s=240)
+    model, x, y = W.dp_problem(world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for params in per_rank:
+        for got, want in zip(params, model.parameters()):
+            torch.testing.assert_close(torch.from_numpy(got), want.detach(), rtol=0, atol=1e-5)

@@ -1,0 +1,79 @@
+"""lazyxla.save / lazyxla.load: nested state with device tensors, written atomically."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import lazyxla
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_round_trip_of_nested_state(dev, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3).to(dev)).sum().backward()
+    opt.step()
+    extra = [torch.ones(2).to(dev), (1, "a")]
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": 3, "extra": extra}
+    path = tmp_path / "ckpt.pt"
+    lazyxla.save(state, path)
+    on_cpu = lazyxla.load(path)
+    assert isinstance(on_cpu["model"], collections.OrderedDict)
+    assert on_cpu["epoch"] == 3 and on_cpu["extra"][1] == (1, "a")
+    for k, v in model.state_dict().items():
+        assert on_cpu["model"][k].device.type == "cpu"
+        assert torch.equal(on_cpu["model"][k], v.cpu())
+    on_dev = lazyxla.load(path, device=dev)
+    assert on_dev["extra"][0].device.type == "lazyxla"
+    fresh = torch.nn.Linear(3, 2).to(dev)
+    fresh.load_state_dict(on_dev["model"])
+    assert torch.equal(fresh.weight.cpu(), model.weight.cpu())
+    momentum = opt.state_dict()["state"][0]["momentum_buffer"].cpu()
+    assert torch.equal(on_cpu["opt"]["state"][0]["momentum_buffer"], momentum)
+
+
+# A process that saves a large checkpoint over an existing one and is killed in the middle of writing it.
+_KILLED_MID_SAVE = r"""
+import os, sys, time, torch, lazyxla
+from lazyxla.collectives import training
+path, marker = sys.argv[1], sys.argv[2]
+real_fsync = os.fsync
+def slow_fsync(fd):
+    open(marker, "w").close()   # the temporary file is written: tell the test, then wait to be killed
+    time.sleep(60)
+    real_fsync(fd)
+os.fsync = slow_fsync
+lazyxla.save({"w": torch.full((1000, 1000), 7.0).to(lazyxla.device()), "epoch": 2}, path)
+"""
+
+
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_intact(dev, tmp_path):
+    path = tmp_path / "ckpt.pt"
+    lazyxla.save({"w": torch.ones(3).to(dev), "epoch": 1}, path)
+    before = path.read_bytes()
+    marker = tmp_path / "writing"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LAZYXLA_PERSISTENT_CACHE="0")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_MID_SAVE, str(path), str(marker)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, "the saving process ended before it was killed"
+            assert time.monotonic() < deadline, "the saving process never started writing"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert path.read_bytes() == before
+    state = lazyxla.load(path)
+    assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(3))
