@@ -27,6 +27,7 @@ from lazyxla.collectives import (
 from lazyxla.collectives.launch import SpawnError, spawn
 from lazyxla.collectives.training import load, optimizer_step, reduce_gradients, save
 from lazyxla.config import config
+from lazyxla.data import DeviceLoader
 from lazyxla.device import runtime as _runtime
 from lazyxla.lazy.graph import sync, wait_device_ops
 
@@ -79,6 +80,7 @@ def platform() -> str:
 
 
 __all__ = [
+    "DeviceLoader",
     "ReduceOp",
     "SpawnError",
     "all_gather",

@@ -81,18 +81,23 @@ def optimizer_step(
 # --- checkpoints ------------------------------------------------------------------------------------
 
 
-def _map(obj: Any, fn) -> Any:
-    """``fn`` applied to every tensor in nested dicts, lists and tuples (containers keep their type)."""
+def map_tensors(obj: Any, fn) -> Any:
+    """``fn`` applied to every tensor in nested dicts, lists and tuples (containers keep their type).
+
+    Example::
+
+        on_cpu = map_tensors(state, lambda t: t.cpu())
+    """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, dict):
-        items = [(k, _map(v, fn)) for k, v in obj.items()]
+        items = [(k, map_tensors(v, fn)) for k, v in obj.items()]
         try:
             return type(obj)(items)
         except TypeError:  # a dict subclass with another constructor (defaultdict, ...)
             return dict(items)
     if isinstance(obj, (list, tuple)):
-        items = [_map(v, fn) for v in obj]
+        items = [map_tensors(v, fn) for v in obj]
         if hasattr(obj, "_fields"):  # a namedtuple
             return type(obj)(*items)
         return type(obj)(items) if type(obj) in (list, tuple) else items
@@ -100,7 +105,7 @@ def _map(obj: Any, fn) -> Any:
 
 
 def _to_cpu(obj: Any) -> Any:
-    return _map(obj, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
+    return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -171,4 +176,4 @@ def load(path: str | os.PathLike, device: torch.device | str | None = None, **to
         model.load_state_dict(state["model"])
     """
     obj = torch.load(path, map_location="cpu", **torch_load_args)
-    return obj if device is None else _map(obj, lambda t: t.to(torch.device(device)))
+    return obj if device is None else map_tensors(obj, lambda t: t.to(torch.device(device)))

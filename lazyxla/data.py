@@ -1,0 +1,144 @@
+"""``DeviceLoader``: batches moved to the device ahead of use by a background thread; a sync per step.
+
+Example::
+
+    for x, y in lazyxla.DeviceLoader(train_loader, lazyxla.device()):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        lazyxla.optimizer_step(opt)
+        opt.zero_grad()
+    # each next() ends the previous step with lazyxla.sync(), so every step is one program
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from lazyxla.collectives.training import map_tensors
+
+_END = object()
+
+
+def _put(q: queue.Queue, stop: threading.Event, item: Any) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _fill(loader: Iterable, device: torch.device, q: queue.Queue, stop: threading.Event) -> None:
+    """The background thread: batches from ``loader``, moved to ``device``, into ``q`` until ``stop``."""
+    source = iter(loader)
+    try:
+        for batch in source:
+            if stop.is_set():
+                break
+            if not _put(q, stop, ("batch", map_tensors(batch, lambda t: t.to(device, non_blocking=True)))):
+                break
+    except BaseException as e:  # handed to the consumer, raised there at its next()
+        _put(q, stop, ("error", e))
+    finally:
+        del source  # a DataLoader iterator shuts its worker processes down when dropped
+        _put(q, stop, ("end", _END))
+
+
+class DeviceLoader:
+    """Iterate ``loader`` with every tensor of each batch already on ``device``.
+
+    A background thread takes batches from ``loader`` (a ``torch.utils.data.DataLoader``, with or
+    without workers, or any iterable) and moves them to the device, keeping up to ``prefetch`` batches
+    ready. Each ``next()`` after the first syncs (ends the step that used the previous batch), as
+    torch_xla's ``MpDeviceLoader`` does; ``sync_each_step=False`` leaves syncing to the loop. Breaking
+    out of the loop, or deleting the iterator, stops the thread and the loader's workers.
+
+    Example::
+
+        loader = lazyxla.DeviceLoader(DataLoader(ds, batch_size=64, num_workers=2), lazyxla.device())
+        for step, (x, y) in enumerate(loader):
+            ...
+    """
+
+    def __init__(
+        self, loader: Iterable, device: torch.device | str, prefetch: int = 2, sync_each_step: bool = True
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError(f"DeviceLoader: prefetch must be at least 1, got {prefetch}")
+        self.loader = loader
+        self.device = torch.device(device)
+        if self.device.type != "lazyxla":
+            raise ValueError(f"DeviceLoader moves batches to a lazyxla device, got {self.device}")
+        self.prefetch = prefetch
+        self.sync_each_step = sync_each_step
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> _DeviceIterator:
+        return _DeviceIterator(self)
+
+
+class _DeviceIterator(Iterator):
+    def __init__(self, owner: DeviceLoader) -> None:
+        self._owner = owner
+        self._queue: queue.Queue = queue.Queue(maxsize=owner.prefetch)
+        self._stop = threading.Event()
+        self._started = False
+        self._done = False
+        # The thread must not hold the iterator: a loop that breaks drops it, and __del__ stops the thread.
+        self._thread = threading.Thread(
+            target=_fill,
+            args=(owner.loader, owner.device, self._queue, self._stop),
+            name="lazyxla-DeviceLoader",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        if self._started and self._owner.sync_each_step:
+            from lazyxla.lazy.graph import sync
+
+            sync()
+        self._started = True
+        kind, value = self._queue.get()
+        if kind == "batch":
+            return value
+        self.close()
+        if kind == "error":
+            raise value
+        if self._owner.sync_each_step:
+            from lazyxla.lazy.graph import sync
+
+            sync()
+        raise StopIteration
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the background thread (and with it the loader's workers); idempotent.
+
+        A loader blocked for more than ``timeout_s`` in producing its next batch is left to finish in
+        the (daemon) thread.
+        """
+        self._done = True
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                self._thread.join(0.05)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
