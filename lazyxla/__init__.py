@@ -24,6 +24,7 @@ from lazyxla.collectives import (
     collective_permute,
     reduce_scatter,
 )
+from lazyxla.collectives import process_group as _process_group
 from lazyxla.collectives.launch import SpawnError, spawn
 from lazyxla.collectives.training import load, optimizer_step, reduce_gradients, save
 from lazyxla.config import config
@@ -34,6 +35,7 @@ from lazyxla.lazy.graph import sync, wait_device_ops
 __version__ = "0.1.0"
 
 _core.install()
+_process_group.register()
 
 
 def device(index: int | None = None) -> torch.device:

@@ -138,7 +138,26 @@ def _scaled_dot_product_attention(
     return out[0]
 
 
-AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention}
+# PyTorch's own autograd kernel of copy_ (VariableType's, the same for every backend), taken before
+# lazyxla registers its own at AutogradPrivateUse1 below.
+_AUTOGRAD_COPY = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+    "aten::copy_", torch._C.DispatchKey.AutogradPrivateUse1
+)
+
+
+def _copy_(keyset, self, src, non_blocking=False):
+    """``aten::copy_`` at AutogradPrivateUse1: ``cpu_tensor.copy_(lazyxla_tensor)`` reads the value to the
+    host and copies it there. (PyTorch's functionalization rejects a functional source copied into a
+    plain tensor, with an exception only for XLA's own device type.) Every other copy_ runs PyTorch's
+    autograd kernel unchanged."""
+    if self.device.type != "lazyxla" and src.device.type == "lazyxla":
+        return self.copy_(src.to(self.device), non_blocking)
+    return _AUTOGRAD_COPY.call_boxed(keyset, self, src, non_blocking)
+
+
+_copy_.with_keyset = True
+
+AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention, "copy_": _copy_}
 
 
 def install() -> None:

@@ -180,3 +180,35 @@ def dp_train(rank: int, world: int, steps: int, batch: int = 3) -> list:
         opt.zero_grad()
         lazyxla.sync()
     return [p.detach().cpu().numpy() for p in model.parameters()]
+
+
+def ddp_train(rank: int, world: int, steps: int, batch: int = 3) -> dict:
+    """The same data-parallel run through torch.distributed: DistributedDataParallel over the lazyxla group."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    dev = lazyxla.device()
+    model, x, y = dp_problem(world, batch)
+    if rank:  # start from other weights: DDP must broadcast rank 0's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(rank)
+    ddp = DDP(model.to(dev))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = x[rank * batch : (rank + 1) * batch].to(dev), y[rank * batch : (rank + 1) * batch].to(dev)
+    compiles = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(ddp(xs), ys)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lazyxla.sync()
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    t = torch.tensor([float(rank + 1)]).to(dev)
+    dist.all_reduce(t)
+    total = t.item()
+    dist.destroy_process_group()
+    return {"params": [p.detach().cpu().numpy() for p in model.parameters()], "compiles": compiles, "total": total}

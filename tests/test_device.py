@@ -370,3 +370,19 @@ def test_importing_after_a_backward_says_what_to_do():
 
     out = subprocess.run([sys.executable, "-c", _IMPORT_AFTER_BACKWARD], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_copy_from_the_device_into_an_existing_cpu_tensor(dev):
+    """``cpu_buffer.copy_(device_tensor)`` (PyTorch's functionalization rejects it without lazyxla's kernel)."""
+    x = torch.arange(6.0).reshape(2, 3).to(dev) * 2
+    host = torch.empty(2, 3, dtype=torch.float64)
+    host.copy_(x)
+    assert torch.equal(host, torch.arange(6.0, dtype=torch.float64).reshape(2, 3) * 2)
+    row = torch.zeros(3)
+    row.copy_(x[1])
+    assert row.tolist() == [6.0, 8.0, 10.0]
+    w = torch.ones(3, device=dev, requires_grad=True)
+    z = torch.empty(3, device=dev)
+    z.copy_(w * 2)  # device-to-device copy_ keeps PyTorch's autograd
+    z.sum().backward()
+    assert w.grad.tolist() == [2.0, 2.0, 2.0]

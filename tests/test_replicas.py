@@ -123,3 +123,20 @@ def test_data_parallel_training_equals_one_process_on_the_whole_batch():
     for params in per_rank:
         for got, want in zip(params, model.parameters()):
             torch.testing.assert_close(torch.from_numpy(got), want.detach(), rtol=0, atol=1e-5)
+
+
+def test_distributed_data_parallel_over_the_lazyxla_process_group():
+    world, steps = 4, 5
+    runs = lazyxla.spawn(W.ddp_train, args=(world, steps), nprocs=world, timeout_s=240)
+    model, x, y = W.dp_problem(world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for run in runs:
+        for got, want in zip(run["params"], model.parameters()):
+            torch.testing.assert_close(torch.from_numpy(got), want.detach(), rtol=0, atol=1e-5)
+        assert run["total"] == sum(range(1, world + 1))  # dist.all_reduce on a lazyxla tensor
+        steady = run["compiles"][2:]
+        assert steady == [steady[0]] * len(steady), run["compiles"]  # no compile after step 3

@@ -42,13 +42,20 @@ def _watch_parent(parent: int) -> None:
             os._exit(70)  # the parent is gone: nobody will collect this rank
 
 
-def _child(fn, rank: int, nprocs: int, address: str, args: tuple, conn, parent: int) -> None:
+def _child(fn, rank: int, nprocs: int, address: str, store_port: int, args: tuple, conn, parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     os.environ.update(
         LAZYXLA_COORDINATOR_ADDRESS=address,
         LAZYXLA_NUM_PROCESSES=str(nprocs),
         LAZYXLA_PROCESS_ID=str(rank),
         LAZYXLA_LOCAL_RANK=str(rank),
+        # what torchrun sets, so that torch.distributed's env:// rendezvous works as under torchrun
+        RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store_port),
     )
     try:
         import lazyxla
@@ -84,7 +91,9 @@ def spawn(
     """Run ``fn(rank, *args)`` in ``nprocs`` new processes (default: one), joined as one run.
 
     Each process is one replica driving its own device (on CPU, one CPU device per process, with gloo
-    collectives). Returns the ranks' return values, in rank order. If a rank raises or dies, the
+    collectives). The children also get torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed.init_process_group("lazyxla")`` works in them.
+    Returns the ranks' return values, in rank order. If a rank raises or dies, the
     others are stopped and :class:`SpawnError` names the rank with its traceback; ``timeout_s`` bounds
     the whole run the same way. ``fn`` must be importable by the children (a module-level function).
 
@@ -104,12 +113,15 @@ def spawn(
     if not callable(fn):
         raise TypeError(f"spawn: fn must be callable, got {fn!r}")
     ctx = multiprocessing.get_context(start_method)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{_free_port()}"  # jax's coordinator
+    store_port = _free_port()  # torch.distributed's store, for dist.init_process_group("lazyxla")
     procs, conns = [], []
     for rank in range(nprocs):
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_child, args=(fn, rank, nprocs, address, tuple(args), send, os.getpid()), name=f"lazyxla-rank{rank}"
+            target=_child,
+            args=(fn, rank, nprocs, address, store_port, tuple(args), send, os.getpid()),
+            name=f"lazyxla-rank{rank}",
         )
         p.start()
         send.close()

@@ -227,7 +227,7 @@ def register(kernels: dict[str, Callable], rng, fallback: Callable, autograd_ker
     _library.fallback(fallback, "PrivateUse1")
     _autograd_library = torch.library.Library("aten", "IMPL")
     for name, fn in autograd_kernels.items():
-        _autograd_library.impl(name, fn, "AutogradPrivateUse1")
+        _autograd_library.impl(name, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))
     _done = True
 
 

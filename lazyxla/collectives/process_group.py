@@ -1,0 +1,200 @@
+"""The ``lazyxla`` backend of ``torch.distributed``: its collectives are lazyxla's in-graph collectives.
+
+``dist.init_process_group("lazyxla")`` (``env://``: the variables torchrun sets, which ``lazyxla.spawn``
+sets too) gives a process group whose collectives on lazyxla tensors are recorded into the step's
+graph like ``lazyxla.all_reduce``, so ``DistributedDataParallel`` and plain ``dist.all_reduce`` run
+inside the compiled step. Collectives on CPU tensors (small metadata some libraries exchange) go
+through the run's coordination service on the host. Each call returns a completed ``Work``: the result
+is a lazy value, computed with the rest of the step.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+
+from lazyxla.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
+from lazyxla.device import distributed
+
+_OPS = {
+    dist.ReduceOp.SUM: ReduceOp.SUM,
+    dist.ReduceOp.PRODUCT: ReduceOp.MUL,
+    dist.ReduceOp.MIN: ReduceOp.MIN,
+    dist.ReduceOp.MAX: ReduceOp.MAX,
+    dist.ReduceOp.BAND: ReduceOp.AND,
+    dist.ReduceOp.BOR: ReduceOp.OR,
+}
+
+
+def _op(reduce_op) -> tuple[ReduceOp, bool]:
+    """lazyxla's op for a torch.distributed ReduceOp, and whether it is AVG (a SUM scaled by 1/world)."""
+    if reduce_op == dist.ReduceOp.AVG:
+        return ReduceOp.SUM, True
+    for theirs, ours in _OPS.items():
+        if reduce_op == theirs:
+            return ours, False
+    raise NotImplementedError(
+        f"the lazyxla process group has no reduce op {reduce_op}; use SUM, AVG, PRODUCT, MIN, MAX, BAND or BOR"
+    )
+
+
+def _done(result) -> object:
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+def _on_device(tensors) -> bool:
+    kinds = {t.device.type for t in tensors}
+    if len(kinds) > 1:
+        raise ValueError(f"the lazyxla process group got tensors on several devices ({sorted(kinds)}) in one call")
+    return kinds == {"lazyxla"}
+
+
+def _copy_into(outputs, results) -> None:
+    with torch.no_grad():
+        for o, r in zip(outputs, results):
+            o.copy_(r)
+
+
+class LazyxlaProcessGroup(ProcessGroup):
+    """torch.distributed's process group over lazyxla's replicas (created by ``init_process_group``)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        if size != distributed.world_size() or rank != distributed.global_ordinal():
+            raise RuntimeError(
+                f"init_process_group('lazyxla') was given rank {rank} of {size}, but this process is replica "
+                f"{distributed.global_ordinal()} of {distributed.world_size()}: launch with lazyxla.spawn or "
+                "torchrun, whose variables both agree"
+            )
+        self._host_calls = 0
+
+    def getBackendName(self) -> str:
+        return "lazyxla"
+
+    def size(self) -> int:
+        return self._size
+
+    # -- host exchange for CPU tensors ---------------------------------------------------------------
+
+    def _exchange(self, value) -> list:
+        self._host_calls += 1
+        return [pickle.loads(b) for b in distributed.rendezvous(f"pg/{self._host_calls}", pickle.dumps(value))]
+
+    # -- collectives ---------------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if _on_device(tensors):
+            all_reduce(op, list(tensors), scale=1.0 / self._size if avg else 1.0)
+            return _done(tensors)
+        values = self._exchange([t.clone() for t in tensors])
+        for i, t in enumerate(tensors):
+            stack = torch.stack([v[i] for v in values])
+            reduced = {
+                ReduceOp.SUM: lambda s: s.sum(0),
+                ReduceOp.MUL: lambda s: s.prod(0),
+                ReduceOp.MIN: lambda s: s.amin(0),
+                ReduceOp.MAX: lambda s: s.amax(0),
+            }[op](stack) if op in (ReduceOp.SUM, ReduceOp.MUL, ReduceOp.MIN, ReduceOp.MAX) else _bitwise(op, stack)
+            t.copy_(reduced / self._size if avg else reduced)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        for outputs, x in zip(output_lists, input_tensors):
+            if _on_device([x, *outputs]):
+                gathered = all_gather(x.unsqueeze(0), 0)
+                _copy_into(outputs, list(gathered.unbind(0)))
+            else:
+                _copy_into(outputs, self._exchange(x.clone()))
+        return _done(output_lists)
+
+    def _allgather_base(self, output, x, opts=None):
+        if _on_device([output, x]):
+            _copy_into([output], [all_gather(x, 0)])
+        else:
+            _copy_into([output], [torch.cat(self._exchange(x.clone()))])
+        return _done([output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, x in zip(outputs, inputs):
+            self._allgather_base(o, x, opts)
+        return _done(outputs)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        if _on_device(tensors):
+            broadcast(list(tensors), root=root)
+        else:
+            values = self._exchange([t.clone() for t in tensors])
+            _copy_into(tensors, values[root])
+        return _done(tensors)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for out, pieces in zip(outputs, input_lists):
+            if not _on_device([out, *pieces]):
+                raise NotImplementedError("reduce_scatter of CPU tensors on the lazyxla process group: use gloo")
+            whole = torch.cat([p.reshape(-1) for p in pieces])
+            mine = reduce_scatter(op, whole, 1.0 / self._size if avg else 1.0, 0, self._size)
+            _copy_into([out], [mine.reshape(out.shape)])
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, x, opts=None):
+        op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if not _on_device([output, x]):
+            raise NotImplementedError("reduce_scatter of CPU tensors on the lazyxla process group: use gloo")
+        _copy_into([output], [reduce_scatter(op, x, 1.0 / self._size if avg else 1.0, 0, self._size)])
+        return _done([output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def alltoall_base(self, output, x, output_split_sizes, input_split_sizes, opts=None):
+        if output_split_sizes or input_split_sizes:
+            raise NotImplementedError("all_to_all_single with uneven split sizes on the lazyxla process group")
+        if not _on_device([output, x]):
+            raise NotImplementedError("all_to_all of CPU tensors on the lazyxla process group: use gloo")
+        _copy_into([output], [all_to_all(x, 0, 0, self._size)])
+        return _done([output])
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts=None):
+        from lazyxla.lazy.graph import sync
+
+        sync()
+        distributed.rendezvous("pg/barrier")
+        return _done([])
+
+
+def _bitwise(op: ReduceOp, stack: torch.Tensor) -> torch.Tensor:
+    out = stack[0]
+    for v in stack[1:]:
+        out = (out & v) if op == ReduceOp.AND else (out | v)
+    return out
+
+
+def _create(store, rank: int, size: int, timeout) -> LazyxlaProcessGroup:
+    return LazyxlaProcessGroup(rank, size)
+
+
+def register() -> None:
+    """Make ``"lazyxla"`` a torch.distributed backend (done when lazyxla is imported).
+
+    Example::
+
+        import torch.distributed as dist
+        dist.init_process_group("lazyxla")
+    """
+    if "lazyxla" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("lazyxla", _create, devices=["lazyxla"])
