@@ -212,3 +212,16 @@ def ddp_train(rank: int, world: int, steps: int, batch: int = 3) -> dict:
     total = t.item()
     dist.destroy_process_group()
     return {"params": [p.detach().cpu().numpy() for p in model.parameters()], "compiles": compiles, "total": total}
+
+
+def cached_collective(rank: int, cache_dir: str) -> dict:
+    """A step with an all-reduce, compiled through the persistent cache in ``cache_dir``."""
+    import lazyxla
+
+    lazyxla.config.persistent_cache = True
+    lazyxla.config.cache_dir = cache_dir
+    x = (torch.arange(4.0) + rank).to(lazyxla.device())
+    y = lazyxla.all_reduce(lazyxla.ReduceOp.SUM, x * 2)
+    value = y.tolist()
+    c = lazyxla.metrics.counters()
+    return {"value": value, "hits": c["persistent_cache_hits"], "misses": c["persistent_cache_misses"]}

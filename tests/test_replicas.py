@@ -138,3 +138,13 @@ def test_distributed_data_parallel_over_the_lazyxla_process_group():
         assert run["total"] == sum(range(1, world + 1))  # dist.all_reduce on a lazyxla tensor
         steady = run["compiles"][2:]  # no compile after step 3 (DDP rebuilds its gradient buckets once)
         assert steady == [steady[0]] * len(steady), run["compiles"]
+
+
+def test_multi_replica_programs_are_loaded_from_the_disk_cache(tmp_path):
+    first = lazyxla.spawn(W.cached_collective, args=(str(tmp_path),), nprocs=2, timeout_s=120)
+    second = lazyxla.spawn(W.cached_collective, args=(str(tmp_path),), nprocs=2, timeout_s=120)
+    want = [2.0 * (2 * i + 1) for i in range(4)]  # 2 * (x_0 + x_1)
+    for a, b in zip(first, second):
+        assert a["value"] == b["value"] == want
+        assert a["misses"] >= 1 and a["hits"] == 0
+        assert b["hits"] == a["misses"] and b["misses"] == 0

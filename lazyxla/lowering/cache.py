@@ -89,13 +89,15 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     reps = None
     if distributed.world_size() > 1 and any(n.op in COLLECTIVE_OPS for n in order):
         reps = replica.replicas()
-    folder = _folder() if reps is None else None  # (multi-replica programs are not kept on disk yet)
+    folder = _folder()
+    devices = [dev] if reps is None else reps.devices
     path = None
     executable = None
     if folder is not None:
         with metrics.timer("disk_cache"):
-            path = os.path.join(folder, _digest(order, leaves, roots, device, donated) + _SUFFIX)
-            executable = _load(path, dev, len(layout.specs(leaves, None)), len(roots))
+            where = device if reps is None else ("replicas", tuple(str(d) for d in reps.devices))
+            path = os.path.join(folder, _digest(order, leaves, roots, where, donated) + _SUFFIX)
+            executable = _load(path, devices, len(layout.specs(leaves, None)), len(roots))
     if executable is not None:
         metrics.inc("persistent_cache_hits")
     else:
@@ -174,7 +176,7 @@ def _fingerprint() -> tuple:
     return _environment
 
 
-def _digest(order, leaves, roots, device: int, donated) -> str:
+def _digest(order, leaves, roots, device, donated) -> str:
     """The 256-bit name of a program on disk: the graph exactly (ops, constants, wiring) and its setting."""
     index: dict[int, int] = {}
     parts: list = [_fingerprint(), config.compile_key(), device, tuple(donated)]
@@ -215,8 +217,9 @@ def _folder() -> str | None:
     return path
 
 
-def _load(path: str, dev, n_args: int, n_outs: int):
-    """The executable stored at ``path`` loaded onto ``dev``, or None (absent; unreadable: removed, warned)."""
+def _load(path: str, devices: list, n_args: int, n_outs: int):
+    """The executable stored at ``path`` loaded onto ``devices`` (one, or the replica mesh's), or None
+    (absent; unreadable: removed, warned)."""
     from jax.experimental import serialize_executable
 
     try:
@@ -235,7 +238,7 @@ def _load(path: str, dev, n_args: int, n_outs: int):
         in_tree = jax.tree_util.tree_structure((tuple(range(n_args)), {}))
         out_tree = jax.tree_util.tree_structure(tuple(range(n_outs)))
         return serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, backend=dev.client, execution_devices=[dev]
+            payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
         )
     except Exception as e:
         _warn_once(
