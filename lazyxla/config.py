@@ -91,6 +91,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("process_id", int, -1, "This process's index in a multi-process run (-1: from torchrun's RANK)."),
     Flag("local_rank", int, -1, "This process's index on its host (-1: from torchrun's LOCAL_RANK, else process_id)."),
     Flag(
+        "cluster_detection",
+        bool,
+        False,
+        "Let jax find the multi-process run (TPU pods, Slurm, Open MPI, ...) when nothing else describes it; "
+        "on by itself under Slurm with several tasks and under Open MPI with several processes.",
+    ),
+    Flag(
         "distributed_timeout_s",
         int,
         120,
@@ -98,8 +105,18 @@ FLAGS: tuple[Flag, ...] = (
     ),
 )
 
-# The variables torchrun (and other PyTorch launchers) set for each process.
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The variables torchrun (and other PyTorch launchers) set for each process, and those by which Slurm and
+# Open MPI tell a process its task count (jax's cluster detection reads the rest itself).
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "OMPI_COMM_WORLD_SIZE",
+)
 
 
 def launcher_env() -> dict[str, str]:

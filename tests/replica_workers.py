@@ -137,6 +137,7 @@ def fail_at_step(rank: int, bad_rank: int, pid_dir: str, how: str) -> None:
     """Train a little; ``bad_rank`` raises (or kills itself) at step 3, the others go on syncing collectives."""
     import os
     import signal
+    import time
 
     import lazyxla
 
@@ -146,6 +147,8 @@ def fail_at_step(rank: int, bad_rank: int, pid_dir: str, how: str) -> None:
     x = torch.ones(4).to(dev)
     for step in range(1000):
         if rank == bad_rank and step == 3:
+            with open(os.path.join(pid_dir, "failed_at"), "w") as f:
+                f.write(repr(time.time()))
             if how == "raise":
                 raise ValueError(f"deliberate failure in rank {rank} at step {step}")
             os.kill(os.getpid(), signal.SIGKILL)

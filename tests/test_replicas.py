@@ -43,10 +43,10 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_a_failing_rank_stops_the_run_and_is_named(tmp_path, how):
-    t = time.monotonic()
     with pytest.raises(lazyxla.SpawnError) as info:
         lazyxla.spawn(W.fail_at_step, args=(1, str(tmp_path), how), nprocs=2, timeout_s=120)
-    assert time.monotonic() - t < 60  # (process start-up included; the stop itself is seconds)
+    stopped_after = time.time() - float((tmp_path / "failed_at").read_text())
+    assert stopped_after < 30, f"the run took {stopped_after:.1f} s to stop after rank 1 failed"
     assert info.value.rank == 1
     message = str(info.value)
     assert "rank 1" in message
@@ -148,3 +148,46 @@ def test_multi_replica_programs_are_loaded_from_the_disk_cache(tmp_path):
         assert a["value"] == b["value"] == want
         assert a["misses"] >= 1 and a["hits"] == 0
         assert b["hits"] == a["misses"] and b["misses"] == 0
+
+
+@pytest.mark.parametrize(
+    "env,run,detect",
+    [
+        ({}, {}, False),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+            {"num_processes": 2, "process_id": 1, "coordinator_address": "10.0.0.1:29501"},
+            False,
+        ),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, {}, False),
+        ({"SLURM_NTASKS": "4"}, {}, True),
+        ({"SLURM_NTASKS": "1"}, {}, False),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, {}, True),
+        ({"OMPI_COMM_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"}, {"num_processes": 2, "process_id": 0}, False),
+    ],
+)
+def test_how_a_process_learns_its_run(monkeypatch, env, run, detect):
+    from lazyxla.device import distributed
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert distributed._from_environment() == run
+    assert distributed._cluster_detected() == detect
+    with lazyxla.config.override(num_processes=3, process_id=2, coordinator_address="h:1"):
+        assert distributed._from_environment() == {"num_processes": 3, "process_id": 2, "coordinator_address": "h:1"}
+        assert not distributed._cluster_detected()  # the run is described: no detection
+    with lazyxla.config.override(cluster_detection=True):
+        assert distributed._cluster_detected()
+
+
+def test_initialize_after_the_backend_started_is_a_clear_error(dev, monkeypatch):
+    from lazyxla.device import distributed
+
+    monkeypatch.setattr(distributed, "_state", {})
+    with pytest.raises(distributed.DistributedError, match="before the first use of a device"):
+        distributed.initialize("127.0.0.1:1", num_processes=2, process_id=0)
+    with pytest.raises(distributed.DistributedError, match="needs \\['coordinator_address'\\]"):
+        distributed.initialize(num_processes=2, process_id=0)

@@ -13,7 +13,9 @@ How a process learns it is part of a run, in order:
    sets them in its children through ``LAZYXLA_*`` variables);
 3. torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, with jax's
    coordinator on ``MASTER_PORT + 1`` (torchrun's own store holds ``MASTER_PORT``);
-4. otherwise a single process.
+4. jax's cluster detection, with ``config.cluster_detection`` (``LAZYXLA_CLUSTER_DETECTION=1``, e.g.
+   on TPU pods), or by itself under Slurm or Open MPI with several tasks;
+5. otherwise a single process.
 """
 
 from __future__ import annotations
@@ -129,10 +131,20 @@ def _from_environment() -> dict[str, Any]:
     return out
 
 
+def _cluster_detected() -> bool:
+    """Whether jax's cluster detection should describe the run: asked for, or Slurm / Open MPI with
+    several tasks (and neither lazyxla's config nor torchrun describes it)."""
+    if config.cluster_detection:
+        return True
+    env = launcher_env()
+    tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or env.get("OMPI_COMM_WORLD_SIZE") or "1"
+    return int(tasks) > 1 and not _from_environment()
+
+
 def ensure_initialized() -> None:
     """Join the run the environment describes, if not done yet (called before the first device use)."""
     if not _state.get("initialized"):
-        initialize()
+        initialize(cluster_detection=_cluster_detected())
 
 
 # --- facts -----------------------------------------------------------------------------------------
