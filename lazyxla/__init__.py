@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyxla import _core, lowering, metrics, runtime  # noqa: F401  (lowering fills the rule table)
+from lazyxla import _core, lowering, metrics, runtime, spmd  # noqa: F401  (lowering fills the rule table)
 from lazyxla.collectives import (
     ReduceOp,
     all_gather,
@@ -102,6 +102,7 @@ __all__ = [
     "reduce_scatter",
     "runtime",
     "save",
+    "spmd",
     "spawn",
     "sync",
     "wait_device_ops",

@@ -91,6 +91,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("process_id", int, -1, "This process's index in a multi-process run (-1: from torchrun's RANK)."),
     Flag("local_rank", int, -1, "This process's index on its host (-1: from torchrun's LOCAL_RANK, else process_id)."),
     Flag(
+        "cpu_devices",
+        int,
+        0,
+        "CPU devices jax makes in this process (jax_num_cpu_devices; 0: jax's default). Several fake CPU "
+        "devices let sharded programs run on one machine.",
+    ),
+    Flag(
         "cluster_detection",
         bool,
         False,

@@ -42,8 +42,10 @@ def _watch_parent(parent: int) -> None:
             os._exit(70)  # the parent is gone: nobody will collect this rank
 
 
-def _child(fn, rank: int, nprocs: int, address: str, store_port: int, args: tuple, conn, parent: int) -> None:
+def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, parent) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if cpu_devices:
+        os.environ["LAZYXLA_CPU_DEVICES"] = str(cpu_devices)
     os.environ.update(
         LAZYXLA_COORDINATOR_ADDRESS=address,
         LAZYXLA_NUM_PROCESSES=str(nprocs),
@@ -64,6 +66,8 @@ def _child(fn, rank: int, nprocs: int, address: str, store_port: int, args: tupl
             setattr(lazyxla.config, name, value)
         lazyxla.config.process_id = rank
         lazyxla.config.local_rank = rank
+        if cpu_devices:
+            lazyxla.config.cpu_devices = cpu_devices
         lazyxla.runtime.initialize()
         result = fn(rank, *args)
         try:
@@ -86,6 +90,7 @@ def spawn(
     nprocs: int | None = None,
     *,
     timeout_s: float | None = None,
+    cpu_devices: int | None = None,
     start_method: str = "spawn",
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` new processes (default: one), joined as one run.
@@ -96,6 +101,7 @@ def spawn(
     Returns the ranks' return values, in rank order. If a rank raises or dies, the
     others are stopped and :class:`SpawnError` names the rank with its traceback; ``timeout_s`` bounds
     the whole run the same way. ``fn`` must be importable by the children (a module-level function).
+    ``cpu_devices``: fake CPU devices per process (``config.cpu_devices``), e.g. for SPMD on one machine.
 
     Example::
 
@@ -120,7 +126,7 @@ def spawn(
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_child,
-            args=(fn, rank, nprocs, address, store_port, tuple(args), send, os.getpid()),
+            args=(fn, rank, nprocs, address, store_port, cpu_devices, tuple(args), send, os.getpid()),
             name=f"lazyxla-rank{rank}",
         )
         p.start()

@@ -67,6 +67,8 @@ def initialize(
     with _lock:
         if _state.get("initialized"):
             return
+        if config.cpu_devices > 0 and not _backend_started():
+            jax.config.update("jax_num_cpu_devices", config.cpu_devices)
         if cluster_detection:
             args: dict[str, Any] = {}
         else:

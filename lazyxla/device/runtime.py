@@ -15,6 +15,39 @@ from lazyxla.device import distributed
 x64 = functools.partial(jax.enable_x64, True)
 
 
+_spmd = [False]  # SPMD mode (lazyxla.spmd.enable): the lazyxla device stands for every device of the run
+
+
+def set_spmd(on: bool) -> None:
+    _spmd[0] = on
+
+
+def spmd_enabled() -> bool:
+    return _spmd[0]
+
+
+@functools.cache
+def global_devices() -> tuple[jax.Device, ...]:
+    """Every device of the run, by process then id."""
+    distributed.ensure_initialized()
+    return tuple(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+
+
+@functools.cache
+def replicated() -> jax.sharding.NamedSharding:
+    """The layout of a plain device tensor in SPMD mode: every device of the run holds all of it."""
+    mesh = jax.sharding.Mesh(np.array(global_devices()), ("all",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array laid out as ``sharding`` from the same host value in every process."""
+    with x64():
+        if sharding.is_fully_addressable:
+            return jax.device_put(host, sharding)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 @functools.cache
 def local_devices() -> tuple[jax.Device, ...]:
     distributed.ensure_initialized()  # a multi-process run is joined before jax starts its backend
@@ -83,13 +116,20 @@ def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
     # A private C-contiguous copy: jax's CPU client may alias a host buffer instead of copying it, and
     # the user may change the CPU tensor after .to(device).
     host = np.array(host, order="C", copy=True)
+    if _spmd[0]:
+        return put_global(host, replicated())
     with x64():
         return jax.device_put(host, jax_device(index))
 
 
 def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a jax array to a new CPU tensor (blocks until the array is ready)."""
-    host = np.asarray(a)
+    if not a.is_fully_addressable:  # a global array of a multi-process SPMD run: every process gets all of it
+        from jax.experimental import multihost_utils
+
+        host = np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    else:
+        host = np.asarray(a)
     if dtype == torch.bfloat16:
         return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(np.array(host, copy=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 from lazyxla.config import config
+from lazyxla.device import runtime
 from lazyxla.device.runtime import x64
 from lazyxla.lazy import metrics
 from lazyxla.lazy.ir import Leaf, leaf, raise_if_error
@@ -57,6 +58,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
             tuple(leaf.avals[0] for leaf in leaves),
             events,
             tuple(donate),  # a program donates buffers: one compiled for other donations would free held data
+            _layouts(leaves) if runtime.spmd_enabled() else None,
             config.compile_key(),
         )
     try:
@@ -65,6 +67,8 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
         args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
         if compiled.replicas is not None:
             args = compiled.replicas.globalize(args)
+        elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
+            args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
         with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
         if compiled.replicas is not None:
@@ -83,6 +87,11 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
         new[(id(m), i)] = (leaf(Leaf.DATA, arr, m.avals[i], device), 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+
+
+def _layouts(leaves) -> tuple:
+    """SPMD: the shardings of the data leaves (a program is compiled for its inputs' layouts)."""
+    return tuple(n.payload.sharding if n.op is Leaf.DATA and n.payload is not None else None for n in leaves)
 
 
 def _arg(n):

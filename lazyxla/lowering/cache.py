@@ -43,13 +43,14 @@ _warned: set[str] = set()
 class Compiled:
     """One compiled step: the executable, which leaves it donates, and how its arguments carry the leaves."""
 
-    __slots__ = ("executable", "donated", "layout", "replicas")
+    __slots__ = ("executable", "donated", "layout", "replicas", "spmd")
 
-    def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout, replicas=None) -> None:
+    def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout, replicas=None, spmd=False) -> None:
         self.executable = executable
         self.donated = donated  # leaf indices
         self.layout = layout
         self.replicas = replicas  # a replica.Replicas when the program spans the run's replicas, else None
+        self.spmd = spmd  # an SPMD program: global arguments, partitioned by XLA over every device
 
 
 def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
@@ -85,34 +86,31 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     out_avals = [m.avals[i] for m, i in roots]
     donated = _usable_donations(donate_candidates, in_avals, out_avals)
     layout = ArgLayout(leaves)
-    dev = runtime.jax_device(device)
-    reps = None
-    if distributed.world_size() > 1 and any(n.op in COLLECTIVE_OPS for n in order):
-        reps = replica.replicas()
-    folder = _folder()
-    devices = [dev] if reps is None else reps.devices
+    spmd = runtime.spmd_enabled()
+    collective = any(n.op in COLLECTIVE_OPS for n in order)
+    if spmd and collective:
+        raise RuntimeError(
+            "lazyxla: replica collectives (lazyxla.all_reduce, ...) do not mix with SPMD mode, where one program "
+            "spans every device and XLA partitions it from the shardings: annotate tensors with "
+            "lazyxla.spmd.mark_sharding instead"
+        )
+    reps = replica.replicas() if collective and distributed.world_size() > 1 else None
+    dev = None if spmd else runtime.jax_device(device)
+    folder = None if spmd else _folder()  # (SPMD programs are not kept on disk yet)
     path = None
     executable = None
     if folder is not None:
         with metrics.timer("disk_cache"):
             where = device if reps is None else ("replicas", tuple(str(d) for d in reps.devices))
             path = os.path.join(folder, _digest(order, leaves, roots, where, donated) + _SUFFIX)
+            devices = [dev] if reps is None else reps.devices
             executable = _load(path, devices, len(layout.specs(leaves, None)), len(roots))
     if executable is not None:
         metrics.inc("persistent_cache_hits")
     else:
         with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
             with metrics.timer("lower"):
-                donate = layout.positions(donated)
-                if reps is None:
-                    sharding = jax.sharding.SingleDeviceSharding(dev)
-                    fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)
-                    lowered = fn.lower(*layout.specs(leaves, sharding))
-                else:
-                    local = layout.specs(leaves, None)
-                    body = graph_fn(order, leaves, roots, layout, replica.AXIS, reps.world)
-                    fn = jax.jit(reps.wrap(body, local, len(roots)), donate_argnums=donate)
-                    lowered = fn.lower(*[reps.global_spec(s) for s in local])
+                lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
             with metrics.timer("compile"):
                 executable = lowered.compile()
         if path is not None:
@@ -120,12 +118,28 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
             with metrics.timer("disk_cache"):
                 _save(path, executable)
     metrics.inc("compiles")  # a program this process built: compiled, or loaded from disk (counted apart)
-    compiled = Compiled(executable, donated, layout, reps)
+    compiled = Compiled(executable, donated, layout, reps, spmd)
     _cache[key] = compiled
     while len(_cache) > max(config.compile_cache_size, 1):
         _cache.popitem(last=False)
         metrics.inc("cache_evictions")
     return compiled
+
+
+def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev, reps):
+    """The graph as a lowered jax program: on one device, over the replicas, or SPMD over every device."""
+    if reps is not None:
+        local = layout.specs(leaves, None)
+        body = graph_fn(order, leaves, roots, layout, replica.AXIS, reps.world)
+        fn = jax.jit(reps.wrap(body, local, len(roots)), donate_argnums=donate)
+        return fn.lower(*[reps.global_spec(s) for s in local])
+    if dev is None:  # SPMD: inputs keep their layouts, XLA's partitioner chooses the outputs'
+        fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate)
+        shardings = [leaves[i].payload.sharding for i in layout.data]
+        return fn.lower(*layout.specs(leaves, runtime.replicated(), shardings))
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+    fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)
+    return fn.lower(*layout.specs(leaves, sharding))
 
 
 def clear() -> None:

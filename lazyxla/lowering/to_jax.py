@@ -91,11 +91,13 @@ class ArgLayout:
         self.scalars = [i for i, n in enumerate(leaves) if n.op is Leaf.SCALAR]
         self.keys = [i for i, n in enumerate(leaves) if n.op is Leaf.RNG]
 
-    def specs(self, leaves: list[Node], sharding) -> list:
-        """The program's argument shapes and dtypes."""
+    def specs(self, leaves: list[Node], sharding, data_shardings: list | None = None) -> list:
+        """The program's argument shapes and dtypes, laid out as ``sharding`` (the data leaves as
+        ``data_shardings`` when given)."""
+        data_shardings = data_shardings or [sharding] * len(self.data)
         out = [
-            jax.ShapeDtypeStruct(leaves[i].avals[0].shape, np_dtype(leaves[i].avals[0].dtype), sharding=sharding)
-            for i in self.data
+            jax.ShapeDtypeStruct(leaves[i].avals[0].shape, np_dtype(leaves[i].avals[0].dtype), sharding=s)
+            for i, s in zip(self.data, data_shardings)
         ]
         if self.scalars:
             out.append(jax.ShapeDtypeStruct((len(self.scalars),), np.float64, sharding=sharding))

@@ -10,10 +10,14 @@ collective gathers every replica's value and picks its group's members with a st
 
 from __future__ import annotations
 
+import json
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lazyxla.collectives import spmd
 from lazyxla.collectives.ops import ReduceOp, ops
 from lazyxla.lowering.registry import lowers
 
@@ -188,3 +192,10 @@ def _broadcast_rule(ctx, x, root):
 @lowers(ops.broadcast_coalesced.default)
 def _broadcast_coalesced(ctx, xs, root):
     return [_broadcast(ctx, x, root) for x in xs]
+
+
+@lowers(ops.shard.default)
+def _shard(ctx, x, mesh, spec):
+    """A sharding annotation (lazyxla.spmd.mark_sharding on a pending value): a constraint for XLA."""
+    layout = spmd._meshes[mesh].sharding(spmd._tuplify(json.loads(spec)))
+    return jax.lax.with_sharding_constraint(x, layout)

@@ -1,0 +1,358 @@
+"""SPMD: a device mesh, sharding annotations on tensors, and XLA's partitioner doing the rest.
+
+In SPMD mode (``enable()``) the lazyxla device stands for every device of the run: device tensors are
+global ``jax.Array``s, replicated unless annotated, and each sync compiles one program that XLA
+partitions over all devices from the shardings of its inputs and the constraints recorded in the
+graph (GSPMD / Shardy propagation; no hand-written collectives). ``mark_sharding`` on a computed
+tensor re-lays its buffer out now; on a pending one it records a sharding constraint
+(``torch.ops.lazyxla.shard``, lowered to ``jax.lax.with_sharding_constraint``).
+
+A partition spec has one entry per tensor dimension: a mesh axis name, ``None`` (not split), or a
+tuple of axis names (split over their product). Dimensions must divide evenly (no padding).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lazyxla.device import runtime
+
+_lib = torch.library.Library("lazyxla", "FRAGMENT")
+_lib.define("shard(Tensor x, str mesh, str spec) -> Tensor")
+_lib.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
+
+_state: dict[str, Any] = {"enabled": False, "global_mesh": None}
+_meshes: dict[str, Mesh] = {}  # Mesh.key -> Mesh, for the lowering of recorded constraints
+
+
+class ShardingError(ValueError):
+    """A sharding annotation that does not fit the tensor or the mesh."""
+
+
+class Mesh:
+    """A logical mesh of devices: ``device_ids`` (global device indices) laid out as ``mesh_shape``, with
+    one name per mesh axis.
+
+    Example::
+
+        n = lazyxla.spmd.device_count()
+        mesh = lazyxla.spmd.Mesh(range(n), (2, n // 2), ("data", "model"))
+    """
+
+    def __init__(self, device_ids: Sequence[int], mesh_shape: Sequence[int], axis_names: Sequence[str]) -> None:
+        ids = [int(i) for i in np.asarray(list(device_ids)).reshape(-1)]
+        shape = tuple(int(s) for s in mesh_shape)
+        names = tuple(str(a) for a in axis_names)
+        devices = _global_devices()
+        if len(shape) != len(names):
+            raise ShardingError(f"Mesh: {len(shape)} mesh dimensions {shape} but {len(names)} axis names {names}")
+        if len(set(names)) != len(names):
+            raise ShardingError(f"Mesh: axis names must be distinct, got {names}")
+        if math.prod(shape) != len(ids):
+            raise ShardingError(f"Mesh: shape {shape} holds {math.prod(shape)} devices, but {len(ids)} ids were given")
+        if sorted(ids) != list(range(len(devices))):
+            raise ShardingError(
+                f"Mesh: device_ids must be each of the run's {len(devices)} devices (0..{len(devices) - 1}) once; "
+                f"got {ids}"
+            )
+        self.device_ids, self.mesh_shape, self.axis_names = ids, shape, names
+        self.jax_mesh = jax.sharding.Mesh(np.array([devices[i] for i in ids]).reshape(shape), names)
+        self.key = json.dumps({"ids": ids, "shape": shape, "names": names})
+        _meshes[self.key] = self
+
+    @property
+    def size(self) -> int:
+        return len(self.device_ids)
+
+    def axis_size(self, name: str) -> int:
+        return self.mesh_shape[self.axis_names.index(name)]
+
+    def sharding(self, spec: Sequence) -> NamedSharding:
+        """The jax ``NamedSharding`` of ``spec`` on this mesh."""
+        return NamedSharding(self.jax_mesh, P(*spec))
+
+    def __repr__(self) -> str:
+        return f"Mesh(shape={self.mesh_shape}, axis_names={self.axis_names})"
+
+
+def _global_devices() -> list:
+    return list(runtime.global_devices())
+
+
+def device_count() -> int:
+    """Every device of the run (all processes).
+
+    Example::
+
+        mesh = lazyxla.spmd.mesh((lazyxla.spmd.device_count(),), ("fsdp",))
+    """
+    return len(_global_devices())
+
+
+def mesh(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> Mesh:
+    """A mesh over every device of the run, in order (``-1`` in ``mesh_shape``: what is left).
+
+    Example::
+
+        mesh = lazyxla.spmd.mesh((2, -1), ("data", "model"))
+    """
+    shape = list(mesh_shape)
+    n = device_count()
+    if shape.count(-1) > 1:
+        raise ShardingError(f"mesh: at most one -1 in mesh_shape, got {tuple(mesh_shape)}")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or n % rest:
+            raise ShardingError(f"mesh: {n} devices cannot be laid out as {tuple(mesh_shape)}")
+        shape[shape.index(-1)] = n // rest
+    return Mesh(range(n), shape, axis_names)
+
+
+def hybrid_mesh(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int], axis_names: Sequence[str]) -> Mesh:
+    """A mesh over hosts x local devices: axis ``i`` spans ``dcn_mesh_shape[i]`` processes times
+    ``ici_mesh_shape[i]`` devices of each, so that the fast (in-host) links carry the inner axes.
+
+    Example::
+
+        mesh = lazyxla.spmd.hybrid_mesh((1, 4), (2, 1), ("data", "model"))   # 2 hosts x 4 devices
+    """
+    ici, dcn = tuple(ici_mesh_shape), tuple(dcn_mesh_shape)
+    if len(ici) != len(dcn) or len(ici) != len(axis_names):
+        raise ShardingError("hybrid_mesh: ici_mesh_shape, dcn_mesh_shape and axis_names need the same length")
+    devices = _global_devices()
+    hosts = math.prod(dcn)
+    local = math.prod(ici)
+    if hosts * local != len(devices) or hosts != jax.process_count():
+        raise ShardingError(
+            f"hybrid_mesh: {hosts} hosts x {local} devices does not match the run "
+            f"({jax.process_count()} processes, {len(devices)} devices)"
+        )
+    # ids[h_0, .., h_k, l_0, .., l_k] = h * local + l, then interleave host and local dims per axis
+    k = len(ici)
+    ids = np.arange(len(devices)).reshape(dcn + ici)
+    ids = ids.transpose([a for i in range(k) for a in (i, k + i)]).reshape([d * c for d, c in zip(dcn, ici)])
+    return Mesh(ids.reshape(-1), ids.shape, axis_names)
+
+
+# --- SPMD mode -------------------------------------------------------------------------------------
+
+
+def enable() -> None:
+    """Turn SPMD mode on: ``lazyxla.device()`` stands for every device of the run. Call it before
+    anything is put on a device.
+
+    Example::
+
+        lazyxla.spmd.enable()
+        model = GPT().to(lazyxla.device())       # replicated on every device
+        lazyxla.spmd.fsdp(model, lazyxla.spmd.mesh((-1,), ("fsdp",)))
+    """
+    from lazyxla.lazy.tensor import live_tensors
+
+    if _state["enabled"]:
+        return
+    if live_tensors():
+        raise RuntimeError(
+            "lazyxla.spmd.enable() must come before any tensor is put on a lazyxla device; call it at the top of "
+            "the script"
+        )
+    _state["enabled"] = True
+    runtime.set_spmd(True)
+
+
+def is_enabled() -> bool:
+    """Whether SPMD mode is on.
+
+    Example::
+
+        if lazyxla.spmd.is_enabled(): ...
+    """
+    return _state["enabled"]
+
+
+def replicated() -> NamedSharding:
+    """Where a plain device tensor lives in SPMD mode: every device holds all of it.
+
+    Example::
+
+        x_layout = lazyxla.spmd.replicated()
+    """
+    return runtime.replicated()
+
+
+def set_global_mesh(m: Mesh) -> None:
+    """Remember ``m`` as the run's mesh (what ``get_global_mesh`` returns).
+
+    Example::
+
+        lazyxla.spmd.set_global_mesh(lazyxla.spmd.mesh((-1,), ("data",)))
+    """
+    _state["global_mesh"] = m
+
+
+def get_global_mesh() -> Mesh | None:
+    """The mesh given to ``set_global_mesh``, or None.
+
+    Example::
+
+        mesh = lazyxla.spmd.get_global_mesh()
+    """
+    return _state["global_mesh"]
+
+
+# --- annotations -----------------------------------------------------------------------------------
+
+
+def _check_spec(shape: tuple[int, ...], m: Mesh, spec: Sequence) -> tuple:
+    spec = tuple(spec)
+    if len(spec) != len(shape):
+        raise ShardingError(
+            f"mark_sharding: the partition spec {spec} has {len(spec)} entries but the tensor has {len(shape)} "
+            f"dimensions {list(shape)}; give one entry (axis name, None or tuple of names) per dimension"
+        )
+    used: list[str] = []
+    out = []
+    for dim, entry in enumerate(spec):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        for name in names:
+            if not isinstance(name, str) or name not in m.axis_names:
+                raise ShardingError(
+                    f"mark_sharding: {name!r} (dimension {dim}) is not an axis of the mesh {m.axis_names}"
+                )
+            if name in used:
+                raise ShardingError(f"mark_sharding: mesh axis {name!r} is used twice in {spec}")
+            used.append(name)
+        parts = math.prod(m.axis_size(n) for n in names)
+        if shape[dim] % parts:
+            raise ShardingError(
+                f"mark_sharding: dimension {dim} of size {shape[dim]} cannot be split evenly into {parts} parts "
+                f"(mesh axes {names}); lazyxla does not pad: choose another axis or pad the tensor"
+            )
+        out.append(None if not names else names[0] if len(names) == 1 else names)
+    return tuple(out)
+
+
+def _inner(t: torch.Tensor):
+    from lazyxla.lazy.tensor import unwrap
+
+    if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
+        raise TypeError(f"expected a lazyxla tensor, got {t.device if isinstance(t, torch.Tensor) else type(t)}")
+    return unwrap(t)
+
+
+def _require_spmd(fn: str) -> None:
+    if not _state["enabled"]:
+        raise RuntimeError(f"{fn} needs SPMD mode: call lazyxla.spmd.enable() at the top of the script")
+
+
+def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
+    """Lay ``t`` out over ``mesh`` as ``partition_spec`` says; returns ``t`` (annotated in place).
+
+    A computed tensor's buffer is re-laid out at once; a pending one gets a sharding constraint in
+    the graph, which XLA's partitioner propagates.
+
+    Example::
+
+        lazyxla.spmd.mark_sharding(linear.weight, mesh, ("model", None))   # column-parallel
+        lazyxla.spmd.mark_sharding(x, mesh, ("data", None))                # batch-sharded activations
+    """
+    from lazyxla.lazy.ir import Leaf, leaf
+
+    _require_spmd("mark_sharding")
+    lt = _inner(t)
+    spec = _check_spec(tuple(t.shape), mesh, partition_spec)
+    node, i = lt._value
+    if node.op is Leaf.DATA:
+        arr = jax.device_put(node.payload, mesh.sharding(spec))
+        lt._value = (leaf(Leaf.DATA, arr, node.avals[0], node.device), 0)
+    else:
+        from lazyxla.lazy.tensor import LazyTensor
+
+        out = torch.ops.lazyxla.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
+        lt._value = out._value
+    return t
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Make ``t`` replicated again (drop its annotation); returns ``t``.
+
+    Example::
+
+        lazyxla.spmd.clear_sharding(x)
+    """
+    from lazyxla.lazy.ir import Leaf, leaf
+
+    _require_spmd("clear_sharding")
+    lt = _inner(t)
+    node, i = lt._value
+    if node.op is Leaf.DATA:
+        lt._value = (leaf(Leaf.DATA, jax.device_put(node.payload, runtime.replicated()), node.avals[0], node.device), 0)
+    elif node.op is torch.ops.lazyxla.shard.default:
+        lt._value = node.inputs[0]
+    return t
+
+
+def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
+    """``(mesh, partition_spec)`` of ``t``'s annotation, or None when it is replicated / unannotated.
+
+    For a computed tensor it is the layout of its buffer (``mesh`` None when that layout was chosen by
+    XLA's partitioner on a mesh lazyxla did not build).
+
+    Example::
+
+        mesh, spec = lazyxla.spmd.get_sharding(model.weight)
+    """
+    from lazyxla.lazy.ir import Leaf
+
+    lt = _inner(t)
+    node, _ = lt._value
+    if node.op is torch.ops.lazyxla.shard.default:
+        return _meshes[node.template[0][1]], tuple(_tuplify(json.loads(node.template[0][2])))
+    if node.op is Leaf.DATA and isinstance(getattr(node.payload, "sharding", None), NamedSharding):
+        s = node.payload.sharding
+        if all(e is None for e in s.spec):
+            return None
+        mesh_obj = next((m for m in _meshes.values() if m.jax_mesh == s.mesh), None)
+        spec = tuple(s.spec) + (None,) * (len(t.shape) - len(s.spec))
+        return mesh_obj, spec
+    return None
+
+
+def _tuplify(spec: list) -> list:
+    return [tuple(e) if isinstance(e, list) else e for e in spec]
+
+
+def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Module:
+    """Shard every parameter of ``module`` over mesh axis ``axis`` (FSDP-style); returns ``module``.
+
+    Each parameter is split along its first dimension that divides evenly by the axis size (others stay
+    replicated). Optimizer state made from the parameters (momentum, Adam moments) follows their layout
+    through XLA's propagation; the gathers and reduce-scatters are XLA's.
+
+    Example::
+
+        mesh = lazyxla.spmd.mesh((-1,), ("fsdp",))
+        lazyxla.spmd.fsdp(model, mesh)
+        opt = torch.optim.AdamW(model.parameters())
+    """
+    _require_spmd("fsdp")
+    if axis not in mesh.axis_names:
+        raise ShardingError(f"fsdp: {axis!r} is not an axis of the mesh {mesh.axis_names}")
+    n = mesh.axis_size(axis)
+    for p in module.parameters():
+        dim = next((d for d, s in enumerate(p.shape) if s % n == 0), None)
+        if dim is not None:
+            spec = [None] * p.dim()
+            spec[dim] = axis
+            with torch.no_grad():
+                mark_sharding(p, mesh, spec)
+    return module

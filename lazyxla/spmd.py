@@ -1,0 +1,43 @@
+"""``lazyxla.spmd``: device meshes and sharding annotations (see ``lazyxla.collectives.spmd``).
+
+Example::
+
+    import lazyxla
+    lazyxla.spmd.enable()
+    mesh = lazyxla.spmd.mesh((2, -1), ("data", "model"))
+    lazyxla.spmd.mark_sharding(w, mesh, (None, "model"))
+"""
+
+from lazyxla.collectives.spmd import (
+    Mesh,
+    ShardingError,
+    clear_sharding,
+    device_count,
+    enable,
+    fsdp,
+    get_global_mesh,
+    get_sharding,
+    hybrid_mesh,
+    is_enabled,
+    mark_sharding,
+    mesh,
+    replicated,
+    set_global_mesh,
+)
+
+__all__ = [
+    "Mesh",
+    "ShardingError",
+    "clear_sharding",
+    "device_count",
+    "enable",
+    "fsdp",
+    "get_global_mesh",
+    "get_sharding",
+    "hybrid_mesh",
+    "is_enabled",
+    "mark_sharding",
+    "mesh",
+    "replicated",
+    "set_global_mesh",
+]
