@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyxla import _core, lowering, metrics, runtime, spmd  # noqa: F401  (lowering fills the rule table)
+from lazyxla import _core, debug, lowering, metrics, runtime, spmd  # noqa: F401  (lowering fills the rule table)
 from lazyxla.collectives import (
     ReduceOp,
     all_gather,
@@ -91,6 +91,7 @@ __all__ = [
     "broadcast",
     "collective_permute",
     "config",
+    "debug",
     "device",
     "devices",
     "load",

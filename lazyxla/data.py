@@ -35,14 +35,14 @@ def _put(q: queue.Queue, stop: threading.Event, item: Any) -> bool:
     return False
 
 
-def _fill(loader: Iterable, device: torch.device, q: queue.Queue, stop: threading.Event) -> None:
-    """The background thread: batches from ``loader``, moved to ``device``, into ``q`` until ``stop``."""
+def _fill(loader: Iterable, move, q: queue.Queue, stop: threading.Event) -> None:
+    """The background thread: batches from ``loader``, each tensor ``move``d to the device, into ``q``."""
     source = iter(loader)
     try:
         for batch in source:
             if stop.is_set():
                 break
-            if not _put(q, stop, ("batch", map_tensors(batch, lambda t: t.to(device, non_blocking=True)))):
+            if not _put(q, stop, ("batch", map_tensors(batch, move))):
                 break
     except BaseException as e:  # handed to the consumer, raised there at its next()
         _put(q, stop, ("error", e))
@@ -60,6 +60,9 @@ class DeviceLoader:
     torch_xla's ``MpDeviceLoader`` does; ``sync_each_step=False`` leaves syncing to the loop. Breaking
     out of the loop, or deleting the iterator, stops the thread and the loader's workers.
 
+    In SPMD mode ``input_sharding=(mesh, partition_spec)`` lays every batch tensor out sharded (see
+    ``lazyxla.spmd.from_local``): the loader of each process yields only that process's part.
+
     Example::
 
         loader = lazyxla.DeviceLoader(DataLoader(ds, batch_size=64, num_workers=2), lazyxla.device())
@@ -68,7 +71,12 @@ class DeviceLoader:
     """
 
     def __init__(
-        self, loader: Iterable, device: torch.device | str, prefetch: int = 2, sync_each_step: bool = True
+        self,
+        loader: Iterable,
+        device: torch.device | str,
+        prefetch: int = 2,
+        sync_each_step: bool = True,
+        input_sharding: tuple | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"DeviceLoader: prefetch must be at least 1, got {prefetch}")
@@ -78,6 +86,14 @@ class DeviceLoader:
             raise ValueError(f"DeviceLoader moves batches to a lazyxla device, got {self.device}")
         self.prefetch = prefetch
         self.sync_each_step = sync_each_step
+        if input_sharding is not None:
+            from lazyxla.collectives import spmd
+
+            spmd._require_spmd("DeviceLoader(input_sharding=...)")
+            mesh, spec = input_sharding
+            self.move = lambda t: spmd.from_local(t, mesh, spec)
+        else:
+            self.move = lambda t: t.to(self.device, non_blocking=True)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -96,7 +112,7 @@ class _DeviceIterator(Iterator):
         # The thread must not hold the iterator: a loop that breaks drops it, and __del__ stops the thread.
         self._thread = threading.Thread(
             target=_fill,
-            args=(owner.loader, owner.device, self._queue, self._stop),
+            args=(owner.loader, owner.move, self._queue, self._stop),
             name="lazyxla-DeviceLoader",
             daemon=True,
         )

@@ -13,6 +13,7 @@ tuple of axis names (split over their product). Dimensions must divide evenly (n
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -304,8 +305,8 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
 def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
     """``(mesh, partition_spec)`` of ``t``'s annotation, or None when it is replicated / unannotated.
 
-    For a computed tensor it is the layout of its buffer (``mesh`` None when that layout was chosen by
-    XLA's partitioner on a mesh lazyxla did not build).
+    For a computed tensor it is the layout of its buffer, also when XLA's partitioner chose it (a step's
+    outputs); ``(None, (description,))`` for a layout that matches no mesh built here.
 
     Example::
 
@@ -317,14 +318,51 @@ def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
     node, _ = lt._value
     if node.op is torch.ops.lazyxla.shard.default:
         return _meshes[node.template[0][1]], tuple(_tuplify(json.loads(node.template[0][2])))
-    if node.op is Leaf.DATA and isinstance(getattr(node.payload, "sharding", None), NamedSharding):
-        s = node.payload.sharding
-        if all(e is None for e in s.spec):
-            return None
-        mesh_obj = next((m for m in _meshes.values() if m.jax_mesh == s.mesh), None)
-        spec = tuple(s.spec) + (None,) * (len(t.shape) - len(s.spec))
-        return mesh_obj, spec
+    if node.op is Leaf.DATA and node.payload is not None:
+        return _as_spec(node.payload.sharding, len(t.shape))
     return None
+
+
+def _as_spec(sharding, ndim: int) -> tuple[Mesh | None, tuple] | None:
+    """A buffer's layout as (a mesh lazyxla knows, partition spec); None when replicated."""
+    if sharding.is_fully_replicated:
+        return None
+    if isinstance(sharding, NamedSharding):
+        for m in _meshes.values():
+            if m.jax_mesh == sharding.mesh:
+                return m, tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    # a layout XLA chose (GSPMDSharding): find the spec it is equivalent to on a known mesh
+    for m in _meshes.values():
+        for spec in itertools.product((None, *m.axis_names), repeat=ndim):
+            named = [a for a in spec if a is not None]
+            if len(set(named)) == len(named) and sharding.is_equivalent_to(m.sharding(spec), ndim):
+                return m, spec
+    return None, (str(sharding),)
+
+
+def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
+    """A device tensor laid out as ``partition_spec`` whose part on this process is the CPU tensor ``t``.
+
+    The global tensor is every process's ``t`` concatenated along the sharded dimensions (in a single
+    process: ``t`` itself): each host loads only its share of a batch. ``partition_spec`` may be
+    shorter than ``t``'s rank (the rest is None).
+
+    Example::
+
+        x = lazyxla.spmd.from_local(local_batch, mesh, ("data",))
+    """
+    from lazyxla.lazy.ir import Aval, Leaf, leaf
+    from lazyxla.lazy.tensor import LazyTensor, wrap
+
+    _require_spmd("from_local")
+    spec = tuple(partition_spec) + (None,) * (t.dim() - len(partition_spec))
+    local = runtime.host_array(t)
+    sharding = mesh.sharding(spec)
+    with runtime.x64():
+        arr = jax.make_array_from_process_local_data(sharding, local)
+    _check_spec(tuple(arr.shape), mesh, spec)
+    aval = Aval(tuple(arr.shape), t.dtype)
+    return wrap(LazyTensor((leaf(Leaf.DATA, arr, aval, 0), 0), aval))
 
 
 def _tuplify(spec: list) -> list:

@@ -102,8 +102,8 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return _TORCH_OF_NP[np.dtype(dtype)]
 
 
-def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
-    """Copy a CPU tensor to the jax device behind ``lazyxla:index``."""
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A private C-contiguous numpy copy of a CPU tensor, in the dtype jax uses for it."""
     t = t.detach()
     if t.layout != torch.strided:
         raise TypeError(f"lazyxla tensors are dense: convert this {t.layout} tensor with .to_dense() first")
@@ -113,9 +113,14 @@ def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
         host = t.view(torch.int16).numpy().view(jax.numpy.bfloat16)
     else:
         host = t.resolve_conj().resolve_neg().numpy()
-    # A private C-contiguous copy: jax's CPU client may alias a host buffer instead of copying it, and
-    # the user may change the CPU tensor after .to(device).
-    host = np.array(host, order="C", copy=True)
+    # A private copy: jax's CPU client may alias a host buffer instead of copying it, and the user may
+    # change the CPU tensor after .to(device).
+    return np.array(host, order="C", copy=True)
+
+
+def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
+    """Copy a CPU tensor to the jax device behind ``lazyxla:index`` (in SPMD mode: to every device)."""
+    host = host_array(t)
     if _spmd[0]:
         return put_global(host, replicated())
     with x64():

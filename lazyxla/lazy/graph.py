@@ -42,15 +42,21 @@ def _walk(roots):
     return order, leaves, tuple(events)
 
 
+def plan(tensors: list[LazyTensor]) -> tuple[list, list, list, tuple]:
+    """The graph computing ``tensors``: its roots (distinct values, in hash order), computation nodes in
+    post-order, leaves, and sharing events (see ``_walk``)."""
+    values = {}
+    for t in tensors:
+        values.setdefault((id(t._value[0]), t._value[1]), t._value)
+    roots = sorted(values.values(), key=lambda v: (v[0].hash, v[1]))
+    return (roots, *_walk(roots))
+
+
 def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
     from lazyxla.lowering import cache
 
     with metrics.timer("trace"):
-        values = {}
-        for t in tensors:
-            values.setdefault((id(t._value[0]), t._value[1]), t._value)
-        roots = sorted(values.values(), key=lambda v: (v[0].hash, v[1]))
-        order, leaves, events = _walk(roots)
+        roots, order, leaves, events = plan(tensors)
         donate = _donatable(leaves, tensors) if full and config.donate else ()
         key = (
             device,
@@ -90,8 +96,28 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
 
 
 def _layouts(leaves) -> tuple:
-    """SPMD: the shardings of the data leaves (a program is compiled for its inputs' layouts)."""
-    return tuple(n.payload.sharding if n.op is Leaf.DATA and n.payload is not None else None for n in leaves)
+    """SPMD: the layouts of the data leaves (a program is compiled for its inputs' layouts), canonical:
+    a step's outputs come back in layouts XLA chose (``GSPMDSharding``), equivalent to the ``NamedSharding``
+    the same tensors had as inputs, and must key the same program."""
+    return tuple(
+        _canonical_layout(n.payload.sharding, len(n.avals[0].shape))
+        if n.op is Leaf.DATA and n.payload is not None
+        else None
+        for n in leaves
+    )
+
+
+_layout_keys: dict = {}
+
+
+def _canonical_layout(sharding, ndim: int):
+    key = (sharding, ndim)
+    try:
+        return _layout_keys[key]
+    except KeyError:
+        devices = tuple(d.id for d in sharding._device_assignment)
+        canon = _layout_keys[key] = (str(sharding._to_xla_hlo_sharding(ndim)), devices)
+        return canon
 
 
 def _arg(n):

@@ -142,6 +142,21 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
     return fn.lower(*layout.specs(leaves, sharding))
 
 
+def lower(order, leaves, roots, device: int):
+    """The jax ``Lowered`` program of a graph, as a sync would build it (no donation): for inspection.
+
+    Example::
+
+        text = cache.lower(order, leaves, roots, 0).as_text()     # StableHLO
+    """
+    layout = ArgLayout(leaves)
+    collective = any(n.op in COLLECTIVE_OPS for n in order)
+    reps = replica.replicas() if collective and distributed.world_size() > 1 else None
+    dev = None if runtime.spmd_enabled() else runtime.jax_device(device)
+    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+        return _lower(order, leaves, roots, layout, (), dev, reps)
+
+
 def clear() -> None:
     """Forget every compiled executable in memory (the next sync of each graph builds it again).
 

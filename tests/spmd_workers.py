@@ -1,0 +1,132 @@
+"""Functions the SPMD tests run in fresh processes (8 fake CPU devices: 1 process x 8, or 2 x 4)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+BATCH, SEQ, VOCAB = 8, 16, 64
+
+
+def _loss(out, t):
+    return F.cross_entropy(out.flatten(0, 1), t.flatten(), label_smoothing=0.1)
+
+
+def _annotate(model, mesh, mode: str) -> dict:
+    """Shard ``model`` for ``mode``; returns {parameter name: mesh axis it is split over}."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    if mode == "fsdp":
+        spmd.fsdp(model, mesh, axis="fsdp")
+        return {name: "fsdp" for name, p in model.named_parameters()}
+    split = {}
+    with torch.no_grad():
+        for i, blk in enumerate(model.blocks):  # Megatron-style: column-parallel in, row-parallel out
+            for layer, spec in ((blk.qkv.weight, ("model", None)), (blk.fc1.weight, ("model", None)),
+                                (blk.fc1.bias, ("model",)), (blk.proj.weight, (None, "model")),
+                                (blk.fc2.weight, (None, "model"))):
+                spmd.mark_sharding(layer, mesh, spec)
+            for name in ("qkv.weight", "fc1.weight", "fc1.bias", "proj.weight", "fc2.weight"):
+                split[f"blocks.{i}.{name}"] = "model"
+    return split
+
+
+def gpt_spmd(rank: int, mode: str, steps: int = 5) -> dict:
+    """Train the GPT-style test model sharded (``mode`` 'fsdp' or '2d') and on the CPU; compare."""
+    import lazyxla
+    from lazyxla.lazy.tensor import unwrap
+    from tests.models import GPT
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("fsdp",)) if mode == "fsdp" else spmd.mesh((2, -1), ("data", "model"))
+    batch_axis = "fsdp" if mode == "fsdp" else "data"
+    torch.manual_seed(0)
+    ref = GPT()
+    model = copy.deepcopy(ref).to(dev)
+    split = _annotate(model, mesh, mode)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    y = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    procs = lazyxla.runtime.process_count()
+    part = slice(rank * BATCH // procs, (rank + 1) * BATCH // procs)
+    loader = lazyxla.DeviceLoader([(x[part], y[part])] * steps, dev, input_sharding=(mesh, (batch_axis, None)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    compiles, losses, ref_losses, text = [], [], [], ""
+    for step, (xb, yb) in enumerate(loader):
+        loss = _loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 0:
+            text = lazyxla.debug.stablehlo_text([loss, *model.parameters()])
+        losses.append(loss)  # read after the loop: a read here would split the step into two programs
+        compiles.append(lazyxla.metrics.counters()["compiles"])  # (the loader's next() syncs the step)
+        ref_loss = _loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    compiles.append(lazyxla.metrics.counters()["compiles"])  # after the last step's sync
+    losses = [loss.item() for loss in losses]
+    diff = max((p.cpu() - r.detach()).abs().max().item() for p, r in zip(model.parameters(), ref.parameters()))
+    fractions = {}
+    for name, p in model.named_parameters():
+        shards = unwrap(p)._value[0].payload.addressable_shards
+        fractions[name] = [s.data.size / p.numel() for s in shards]
+    specs = {name: lazyxla.spmd.get_sharding(p) for name, p in model.named_parameters()}
+    return {
+        "diff": diff,
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "compiles": compiles,
+        "fractions": fractions,
+        "split": split,
+        "axis_size": mesh.axis_size("fsdp" if mode == "fsdp" else "model"),
+        "specs": {k: (None if v is None else v[1]) for k, v in specs.items()},
+        "text_has_shardings": f'{{"{ "fsdp" if mode == "fsdp" else "model" }"}}' in text,
+        "devices": lazyxla.spmd.device_count(),
+    }
+
+
+def sharding_errors(rank: int) -> dict:
+    """Each bad annotation raises at the call: the messages, by case."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((2, 4), ("data", "model"))
+    t = torch.zeros(8, 6).to(dev)
+    cases = {
+        "rank": (t, ("data",)),
+        "unknown": (t, ("data", "nope")),
+        "twice": (t, ("model", "model")),
+        "divisible": (t, (None, "model")),
+        "tuple_divisible": (torch.zeros(4, 6).to(dev), (("data", "model"), None)),
+    }
+    out = {}
+    for name, (x, spec) in cases.items():
+        try:
+            spmd.mark_sharding(x, mesh, spec)
+            out[name] = None
+        except spmd.ShardingError as e:
+            out[name] = str(e)
+    try:
+        spmd.Mesh(range(8), (3, 3), ("a", "b"))
+    except spmd.ShardingError as e:
+        out["mesh"] = str(e)
+    ok = spmd.mark_sharding(torch.zeros(8, 8).to(dev), mesh, (("data", "model"), None))
+    out["tuple_ok"] = spmd.get_sharding(ok)[1]
+    pending = torch.ones(8, 4).to(dev) * 3
+    spmd.mark_sharding(pending, mesh, ("model", None))
+    out["pending_spec"] = spmd.get_sharding(pending)[1]
+    out["pending_value"] = pending.sum().item()
+    spmd.clear_sharding(pending)
+    out["cleared"] = spmd.get_sharding(pending)
+    return out
