@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -129,4 +130,27 @@ def sharding_errors(rank: int) -> dict:
     out["pending_value"] = pending.sum().item()
     spmd.clear_sharding(pending)
     out["cleared"] = spmd.get_sharding(pending)
+    return out
+
+
+def meshes(rank: int) -> dict:
+    """The meshes lazyxla builds over the run's devices: which process each mesh position belongs to."""
+    import jax
+
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    owner = {d.id: d.process_index for d in jax.devices()}
+
+    def processes(m):
+        return np.vectorize(lambda d: owner[d.id])(m.jax_mesh.devices).tolist()
+
+    hybrid = spmd.hybrid_mesh((1, 4), (2, 1), ("data", "model"))
+    flat = spmd.mesh((2, -1), ("data", "model"))
+    out = {"hybrid": processes(hybrid), "hybrid_shape": hybrid.mesh_shape, "flat": processes(flat)}
+    try:
+        spmd.hybrid_mesh((1, 8), (1, 1), ("a", "b"))
+    except spmd.ShardingError as e:
+        out["bad_hybrid"] = str(e)
     return out

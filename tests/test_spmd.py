@@ -53,3 +53,37 @@ def test_spmd_functions_need_spmd_mode(dev):
     for call in (lambda: lazyxla.spmd.mark_sharding(x, None, (None,)), lambda: lazyxla.spmd.clear_sharding(x)):
         with pytest.raises(RuntimeError, match="lazyxla.spmd.enable"):
             call()
+
+
+def test_hybrid_mesh_puts_hosts_on_the_outer_axis():
+    runs = lazyxla.spawn(S.meshes, nprocs=2, cpu_devices=4, timeout_s=120)
+    for out in runs:
+        assert out["hybrid_shape"] == (2, 4)
+        assert out["hybrid"] == [[0, 0, 0, 0], [1, 1, 1, 1]]  # "data" across hosts, "model" within one
+        assert out["flat"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+        assert "does not match the run" in out["bad_hybrid"]
+
+
+def _example(*args: str) -> list[str]:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), LAZYXLA_PERSISTENT_CACHE="0")
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "train_spmd.py"), "--steps", "10", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_the_spmd_example_gives_the_same_result_on_1x8_and_2x4():
+    one, two = _example(), _example("--nprocs", "2")
+    assert one[-1].startswith("final loss ") and one[-1] == two[-1]
+    assert "laid out as ('model', None) over Mesh(shape=(2, 4)" in one[-2]
