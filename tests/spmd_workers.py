@@ -127,6 +127,7 @@ def sharding_errors(rank: int) -> dict:
     pending = torch.ones(8, 4).to(dev) * 3
     spmd.mark_sharding(pending, mesh, ("model", None))
     out["pending_spec"] = spmd.get_sharding(pending)[1]
+    out["constraint_in_program"] = "sharding_constraint" in lazyxla.debug.stablehlo_text([pending])
     out["pending_value"] = pending.sum().item()
     spmd.clear_sharding(pending)
     out["cleared"] = spmd.get_sharding(pending)

@@ -45,6 +45,7 @@ def test_bad_annotations_raise_at_the_call():
     assert "holds 9 devices, but 8 ids" in out["mesh"]
     assert out["tuple_ok"] == (("data", "model"), None)
     assert out["pending_spec"] == ("model", None) and out["pending_value"] == 96.0
+    assert out["constraint_in_program"]  # an annotation on a pending value is a constraint in the program
     assert out["cleared"] is None
 
 
