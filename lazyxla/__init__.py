@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from lazyxla import _core, debug, lowering, metrics, runtime, spmd  # noqa: F401  (lowering fills the rule table)
+from lazyxla import _core, debug, lowering, metrics, profiler, runtime, spmd  # noqa: F401  (lowering fills the rule table)
 from lazyxla.collectives import (
     ReduceOp,
     all_gather,
@@ -30,7 +30,9 @@ from lazyxla.collectives.training import load, optimizer_step, reduce_gradients,
 from lazyxla.config import config
 from lazyxla.data import DeviceLoader
 from lazyxla.device import runtime as _runtime
-from lazyxla.lazy.graph import sync, wait_device_ops
+from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
+from lazyxla.regions import CompileRegionError, compile
+from lazyxla.stablehlo import Exported, ExportError, export
 
 __version__ = "0.1.0"
 
@@ -61,14 +63,14 @@ def devices() -> list[torch.device]:
     return [torch.device("lazyxla", i) for i in range(len(_runtime.local_devices()))]
 
 
-def mark_step(wait: bool = False) -> None:
+def mark_step(wait: bool = False) -> SyncReport:
     """torch_xla's name for :func:`sync`.
 
     Example::
 
         lazyxla.mark_step()
     """
-    sync(wait=wait)
+    return sync(wait=wait, reason="mark_step()")
 
 
 def platform() -> str:
@@ -82,23 +84,30 @@ def platform() -> str:
 
 
 __all__ = [
+    "CompileRegionError",
     "DeviceLoader",
+    "ExportError",
+    "Exported",
     "ReduceOp",
     "SpawnError",
+    "SyncReport",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "broadcast",
     "collective_permute",
+    "compile",
     "config",
     "debug",
     "device",
     "devices",
+    "export",
     "load",
     "mark_step",
     "metrics",
     "optimizer_step",
     "platform",
+    "profiler",
     "reduce_gradients",
     "reduce_scatter",
     "runtime",

@@ -71,13 +71,13 @@ def _copy_from(src, dst, non_blocking=False):
         new = _copy(inner, src if src.device.type != "lazyxla" else unwrap(src))
         inner._value = new._value
         return dst
-    dst.copy_(_to_cpu(unwrap(src)))
+    dst.copy_(_to_cpu(unwrap(src), reason="copy_ to a CPU tensor"))
     return dst
 
 
-def to_cpu(t: torch.Tensor) -> torch.Tensor:
+def to_cpu(t: torch.Tensor, reason: str = "print") -> torch.Tensor:
     with torch.no_grad():
-        return _to_cpu(unwrap(t))
+        return _to_cpu(unwrap(t), reason=reason)
 
 
 KERNELS = {

@@ -54,6 +54,21 @@ FLAGS: tuple[Flag, ...] = (
         "scans ~400k of them (~0.1 s).",
     ),
     Flag(
+        "explain_recompiles",
+        bool,
+        False,
+        "Keep each recorded op's source line and explain every recompile: the first op that differs from the "
+        "last graph compiled at the same sync site, its changed shapes, dtypes or constants, and the line "
+        "(logged by the 'lazyxla' logger, listed by lazyxla.metrics.recompiles()). Costs ~2 µs per op.",
+    ),
+    Flag(
+        "dump_dir",
+        str,
+        "",
+        "A folder to write each compiled program to, as <graph hash>.stablehlo.mlir and <graph hash>.ir.txt "
+        "(empty: no dumps).",
+    ),
+    Flag(
         "compile_cache_size",
         int,
         1024,

@@ -50,23 +50,15 @@ def stablehlo_text(tensors: Sequence[torch.Tensor]) -> str:
 
 
 def ir_text(tensors: Sequence[torch.Tensor]) -> str:
-    """The lazy IR of ``tensors``' pending values, one node per line (leaves first).
+    """The lazy IR of ``tensors``' pending values, one node per line (leaves first; with
+    ``config.explain_recompiles`` each node also shows the source line that recorded it).
 
     Example::
 
         print(lazyxla.debug.ir_text([loss]))
     """
+    from lazyxla.lazy import graph
+
     pending, _ = _pending(tensors)
     roots, order, leaves, _ = plan(pending)
-    names = {}
-    lines = []
-    for n in leaves:
-        names[id(n)] = f"%{len(names)}"
-        lines.append(f"{names[id(n)]} = {n.op.value} {list(n.avals[0].shape)} {n.avals[0].dtype}")
-    for n in order:
-        names[id(n)] = f"%{len(names)}"
-        args = ", ".join(f"{names[id(m)]}" + (f"[{i}]" if len(m.avals) > 1 else "") for m, i in n.inputs)
-        outs = ", ".join(f"{list(a.shape)} {a.dtype}" for a in n.avals)
-        lines.append(f"{names[id(n)]} = {n.op}({args}) -> {outs}")
-    lines.append("return " + ", ".join(names[id(m)] + (f"[{i}]" if len(m.avals) > 1 else "") for m, i in roots))
-    return "\n".join(lines)
+    return graph.ir_text(order, leaves, roots)

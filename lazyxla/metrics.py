@@ -1,5 +1,5 @@
-"""``lazyxla.metrics``: counters, timers and a readable report."""
+"""``lazyxla.metrics``: counters, timers, sync triggers, recompile explanations and a readable report."""
 
-from lazyxla.lazy.metrics import counters, report, reset, timers
+from lazyxla.lazy.metrics import counters, recompiles, report, reset, syncs, timers
 
-__all__ = ["counters", "report", "reset", "timers"]
+__all__ = ["counters", "recompiles", "report", "reset", "syncs", "timers"]

@@ -21,7 +21,7 @@ def test_sharded_gpt_training_equals_unsharded(nprocs, cpu_devices, mode):
     runs = lazyxla.spawn(S.gpt_spmd, args=(mode,), nprocs=nprocs, cpu_devices=cpu_devices, timeout_s=280)
     for run in runs:
         assert run["devices"] == 8
-        assert run["diff"] < 1e-5, run["diff"]  # parameters after 5 AdamW steps vs CPU eager
+        assert run["diff"] < 1e-5, run["diff"]  # parameters after 5 AdamW steps vs CPU eager (rtol 1e-4, atol 1e-5)
         for got, want in zip(run["losses"], run["ref_losses"]):
             assert abs(got - want) < 1e-5
         # step 1 and step 2 (optimizer state appears) compile one program each; nothing after

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import math
+import os
+import time
 
+from lazyxla import profiler
 from lazyxla.config import config
 from lazyxla.device import runtime
 from lazyxla.device.runtime import x64
-from lazyxla.lazy import metrics
+from lazyxla.lazy import diagnostics, metrics
 from lazyxla.lazy.ir import Leaf, leaf, raise_if_error
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 
@@ -45,14 +50,19 @@ def _walk(roots):
 def plan(tensors: list[LazyTensor]) -> tuple[list, list, list, tuple]:
     """The graph computing ``tensors``: its roots (distinct values, in hash order), computation nodes in
     post-order, leaves, and sharing events (see ``_walk``)."""
+    return plan_values([t._value for t in tensors])
+
+
+def plan_values(values_: list[tuple]) -> tuple[list, list, list, tuple]:
+    """``plan`` for IR values ``(node, output index)`` rather than tensors."""
     values = {}
-    for t in tensors:
-        values.setdefault((id(t._value[0]), t._value[1]), t._value)
+    for v in values_:
+        values.setdefault((id(v[0]), v[1]), v)
     roots = sorted(values.values(), key=lambda v: (v[0].hash, v[1]))
     return (roots, *_walk(roots))
 
 
-def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
+def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: SyncReport) -> None:
     from lazyxla.lowering import cache
 
     with metrics.timer("trace"):
@@ -67,8 +77,17 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
             _layouts(leaves) if runtime.spmd_enabled() else None,
             config.compile_key(),
         )
+    for region in diagnostics.active_regions():
+        region.saw(key, order, leaves)
+    missed = key not in cache._cache
+    if missed and config.explain_recompiles:
+        diagnostics.explain_miss(site, order, leaves)
+    started = time.perf_counter()
     try:
         compiled = cache.get(key, order, leaves, roots, device, donate)
+        built_s = time.perf_counter() - started
+        if missed and config.dump_dir:
+            _dump(key, order, leaves, roots, device)
         layout = compiled.layout
         args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
         if compiled.replicas is not None:
@@ -86,6 +105,19 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
             t._value = (leaf(Leaf.ERROR, e, m.avals[i], device), 0)
         raise
     metrics.inc("executions")
+    donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
+    report.programs.append(
+        ProgramReport(
+            graph=_graph_id(key),
+            compiled=missed,
+            build_ms=built_s * 1e3 if missed else 0.0,
+            nodes=len(order),
+            inputs=len(layout.data),
+            donated_bytes=donated,
+            new_bytes=sum(_nbytes(m.avals[i]) for m, i in roots) - donated,
+            trigger=site,
+        )
+    )
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
     new = {}
@@ -93,6 +125,98 @@ def _run(device: int, tensors: list[LazyTensor], full: bool) -> None:
         new[(id(m), i)] = (leaf(Leaf.DATA, arr, m.avals[i], device), 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+
+
+def _nbytes(aval) -> int:
+    return math.prod(aval.shape) * aval.dtype.itemsize
+
+
+def _graph_id(key) -> str:
+    """A short name for a program: 16 hex digits of its cache key's hash (stable within a process)."""
+    return f"{hash(key) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _dump(key, order, leaves, roots, device) -> None:
+    """``config.dump_dir``: write the program's StableHLO and lazy IR, named by its graph id."""
+    from lazyxla.lowering import cache
+
+    folder = os.path.expanduser(config.dump_dir)
+    os.makedirs(folder, exist_ok=True)
+    name = os.path.join(folder, _graph_id(key))
+    texts = {
+        ".stablehlo.mlir": cache.lower(order, leaves, roots, device).as_text(),
+        ".ir.txt": ir_text(order, leaves, roots),
+    }
+    for suffix, text in texts.items():
+        tmp = name + suffix + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, name + suffix)
+
+
+def ir_text(order, leaves, roots) -> str:
+    """The lazy IR of a graph, one node per line (leaves first, with the recording line if kept)."""
+    names: dict[int, str] = {}
+    lines = []
+
+    def ref(m, i):
+        return names[id(m)] + (f"[{i}]" if len(m.avals) > 1 else "")
+
+    for n in leaves:
+        names[id(n)] = f"%{len(names)}"
+        lines.append(f"{names[id(n)]} = {n.op.value} {list(n.avals[0].shape)} {n.avals[0].dtype}")
+    for n in order:
+        names[id(n)] = f"%{len(names)}"
+        args = ", ".join(ref(m, i) for m, i in n.inputs)
+        outs = ", ".join(f"{list(a.shape)} {a.dtype}" for a in n.avals)
+        where = f"  # {n.source}" if n.source else ""
+        lines.append(f"{names[id(n)]} = {n.op}({args}) -> {outs}{where}")
+    lines.append("return " + ", ".join(ref(m, i) for m, i in roots))
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class ProgramReport:
+    """One program a sync ran."""
+
+    graph: str  # the program's id (the dump files' name)
+    compiled: bool  # built now (compiled, or loaded from the disk cache) rather than found in memory
+    build_ms: float  # time to build it, when it was built
+    nodes: int  # IR nodes in its graph
+    inputs: int  # device buffers it read
+    donated_bytes: int  # input buffers its outputs took over
+    new_bytes: int  # output bytes in new buffers
+    trigger: str  # what caused the sync, and where
+
+    def __str__(self) -> str:
+        how = f"compiled in {self.build_ms:.0f} ms" if self.compiled else "cache hit"
+        return (
+            f"graph {self.graph}: {how}, {self.nodes} nodes, {self.inputs} inputs, "
+            f"{_mb(self.donated_bytes)} donated, {_mb(self.new_bytes)} new ({self.trigger})"
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.2f} MB" if n >= 2**16 else f"{n} B"
+
+
+@dataclasses.dataclass
+class SyncReport:
+    """What one ``lazyxla.sync()`` did: the programs it ran and the host-to-device transfers since the
+    previous sync (``str()`` gives one line per program)."""
+
+    programs: list = dataclasses.field(default_factory=list)
+    host_to_device: int = 0
+
+    @property
+    def compiled(self) -> bool:
+        """Whether any program had to be built."""
+        return any(p.compiled for p in self.programs)
+
+    def __str__(self) -> str:
+        lines = [str(p) for p in self.programs] or ["nothing to compute"]
+        lines.append(f"{self.host_to_device} host-to-device transfers since the previous sync")
+        return "\n".join(lines)
 
 
 def _layouts(leaves) -> tuple:
@@ -142,8 +266,11 @@ def _group(tensors):
     return by_device
 
 
-def sync(wait: bool = False) -> None:
-    """Compile (once per graph) and run every pending lazyxla computation.
+_transfers_at_last_sync = [0]
+
+
+def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
+    """Compile (once per graph) and run every pending lazyxla computation; returns a :class:`SyncReport`.
 
     Returns as soon as the work is queued on the device; host reads (``.item()``, ``.cpu()``) wait
     for it. ``wait=True`` blocks until the device has finished.
@@ -151,15 +278,24 @@ def sync(wait: bool = False) -> None:
     Example::
 
         loss = model(x).sum(); loss.backward(); opt.step()
-        lazyxla.sync()          # one XLA program for the whole step
+        report = lazyxla.sync()          # one XLA program for the whole step
+        print(report)                    # graph id, cache hit or compile time, nodes, bytes donated
     """
     metrics.inc("syncs")
-    pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-    for device, ts in _group(pending).items():
-        _run(device, ts, full=True)
+    report = SyncReport()
+    with profiler.step():
+        pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+        if pending:
+            site = diagnostics.note_sync(reason)
+            for device, ts in _group(pending).items():
+                _run(device, ts, True, f"{reason} at {site}", report)
+    transfers = metrics.counters()["host_to_device"]
+    report.host_to_device = transfers - _transfers_at_last_sync[0]
+    _transfers_at_last_sync[0] = transfers
     _freeze_gc_once()
     if wait:
         wait_device_ops()
+    return report
 
 
 _gc_frozen = False
@@ -173,15 +309,17 @@ def _freeze_gc_once() -> None:
         gc.freeze()
 
 
-def sync_tensors(tensors: list[LazyTensor], reason: str = "") -> None:
+def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
     """Compute just these tensors (and every live tensor that shares their values)."""
     want = {(id(t._value[0]), t._value[1]) for t in tensors if t._value[0].op.__class__ is not Leaf}
     if not want:
         return
     metrics.inc("syncs")
+    site = diagnostics.note_sync(reason)
+    report = SyncReport()
     pending = [t for t in live_tensors() if (id(t._value[0]), t._value[1]) in want]
     for device, ts in _group(pending).items():
-        _run(device, ts, full=False)
+        _run(device, ts, False, f"{reason} at {site}", report)
 
 
 def wait_device_ops() -> None:

@@ -72,7 +72,7 @@ def slot(i: int) -> In:
 
 
 class Node:
-    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "__weakref__")
+    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "source", "__weakref__")
 
     def __init__(self, op, inputs, template, avals, hash_, payload, device):
         self.op = op  # an OpOverload, or a Leaf kind
@@ -82,6 +82,7 @@ class Node:
         self.hash = hash_
         self.payload = payload
         self.device = device  # lazyxla device index
+        self.source = None  # the user's file:line that recorded it (config.explain_recompiles only)
 
     @property
     def is_leaf(self) -> bool:

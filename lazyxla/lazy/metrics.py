@@ -27,8 +27,26 @@ def inc(name: str, n: int = 1) -> None:
     _counters[name] += n
 
 
+_annotate = [False]  # lazyxla.profiler.trace is running: timers also mark the profile
+
+
+def set_annotations(on: bool) -> None:
+    """Make every timer also a named span (``lazyxla.<name>``) in the JAX profile (``lazyxla.profiler``)."""
+    _annotate[0] = on
+
+
 @contextlib.contextmanager
 def timer(name: str) -> Iterator[None]:
+    if _annotate[0]:
+        import jax
+
+        with jax.profiler.TraceAnnotation("lazyxla." + name):
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                _timers[name].append(time.perf_counter() - start)
+        return
     start = time.perf_counter()
     try:
         yield
@@ -80,14 +98,45 @@ def timers() -> dict[str, dict[str, float]]:
 
 
 def reset() -> None:
-    """Zero every counter and timer.
+    """Zero every counter and timer, and forget the sync triggers and recompile explanations.
 
     Example::
 
         lazyxla.metrics.reset(); step(); print(lazyxla.metrics.report())
     """
+    from lazyxla.lazy import diagnostics
+
     _counters.clear()
     _timers.clear()
+    diagnostics.reset()
+
+
+def syncs() -> list[dict]:
+    """Every sync trigger since the last reset, most frequent first: ``reason`` (``lazyxla.sync()``,
+    ``.item()``, ``.cpu() / .to(cpu)``, ``print``, ``fallback <op>``, ``data-dependent shape ...``),
+    ``where`` (the user's ``file:line``) and ``count``.
+
+    Example::
+
+        for s in lazyxla.metrics.syncs(): print(s["count"], s["reason"], s["where"])
+    """
+    from lazyxla.lazy import diagnostics
+
+    return diagnostics.syncs()
+
+
+def recompiles() -> list[dict]:
+    """The recompile explanations since the last reset (with ``config.explain_recompiles``): ``site``
+    (the sync that compiled) and ``reason`` (the first difference from the last graph compiled there).
+
+    Example::
+
+        lazyxla.config.explain_recompiles = True
+        train(); print(lazyxla.metrics.recompiles())
+    """
+    from lazyxla.lazy import diagnostics
+
+    return diagnostics.recompiles()
 
 
 def report() -> str:

@@ -16,11 +16,13 @@ import torch._decomp
 
 from lazyxla.config import config
 from lazyxla.device import runtime
-from lazyxla.lazy import graph, metrics, rng
+from lazyxla.lazy import diagnostics, graph, metrics, rng
 from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
 from lazyxla.lazy.metrics import _counters
 from lazyxla.lazy.tensor import LazyTensor, wrap
 from lazyxla.lowering.registry import RULES
+
+_flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
 aten = torch.ops.aten
 
@@ -242,6 +244,8 @@ def _finish(func, inputs, template, avals, spec, device, base, random):
     if random:
         inputs += ((rng.next_key_leaf(device), 0),)
     n = node(func, inputs, template, avals, device, base)
+    if _flags["explain_recompiles"]:
+        n.source = diagnostics.user_frame(2)
     _counters["ops_recorded"] += 1
     if type(spec) is int:
         return LazyTensor((n, spec), avals[spec])
@@ -342,23 +346,26 @@ def record(func, args, kwargs, route=None):
 # ---- ops handled here ----
 
 
-def _materialize(t: LazyTensor):
-    graph.sync_tensors([t], reason="host read")
+def _materialize(t: LazyTensor, reason: str = "host read"):
+    graph.sync_tensors([t], reason=reason)
     raise_if_error(t._value[0])
     return t._value[0].payload
 
 
-def _to_cpu(t: LazyTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    arr = _materialize(t)
+def _to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "host read") -> torch.Tensor:
+    arr = _materialize(t, reason)
     metrics.inc("device_to_host")
-    out = runtime.to_host(arr, t.dtype)
+    with metrics.timer("transfer"):
+        out = runtime.to_host(arr, t.dtype)
     return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
 
 def _from_cpu(t: torch.Tensor, device: int) -> LazyTensor:
     metrics.inc("host_to_device")
     aval = Aval(tuple(t.shape), t.dtype)
-    return LazyTensor((leaf(Leaf.DATA, runtime.to_device(t, device), aval, device), 0), aval)
+    with metrics.timer("transfer"):
+        arr = runtime.to_device(t, device)
+    return LazyTensor((leaf(Leaf.DATA, arr, aval, device), 0), aval)
 
 
 def _alias(t: LazyTensor) -> LazyTensor:
@@ -371,14 +378,14 @@ def _copy(dst, src, non_blocking=False):
             return _alias(src)
         return record(aten.copy.default, (dst, src), {})
     if isinstance(src, LazyTensor):  # another lazyxla device
-        src = _to_cpu(src)
+        src = _to_cpu(src, reason="copy between lazyxla devices")
     host = src.to(dst.dtype).expand(dst.shape).contiguous()
     return _from_cpu(host, dst._value[0].device)
 
 
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     if device is not None and torch.device(device).type != "lazyxla":
-        return _to_cpu(x, dtype).to(device)
+        return _to_cpu(x, dtype, ".cpu() / .to(cpu)").to(device)
     target = x._value[0].device if device is None else (torch.device(device).index or 0)
     if target != x._value[0].device:
         # Functionalization does not wrap the result of a copy to another device (it assumes the copy
@@ -390,7 +397,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 
 def _local_scalar_dense(x):
-    return _to_cpu(x).item()
+    return _to_cpu(x, reason=".item()").item()
 
 
 def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps):

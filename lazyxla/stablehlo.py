@@ -1,0 +1,412 @@
+"""``lazyxla.export`` (in ``lazyxla.stablehlo``): a function or module as a self-contained StableHLO program.
+
+The function is run once on lazyxla tensors, recorded as a sync would record it, and the graph is
+lowered to one jax function and exported with ``jax.export``: a serialized artifact that any JAX
+process can load and run (``jax.export.deserialize(blob).call(*arrays)``) without PyTorch or lazyxla.
+
+- The example arguments' tensors become the program's inputs (same shapes and dtypes, fixed).
+- Every other tensor the function reads (a module's weights, buffers, constants) is baked into the
+  program as a constant, as are Python numbers (learning rates, ...) and random keys: a random op
+  (dropout) draws the same numbers at every call of the exported program.
+- ``state=`` (modules, optimizers, tensors) names tensors the function updates in place, such as a
+  training step's parameters and optimizer state: they become extra inputs *and* extra outputs, so the
+  artifact is a pure step function ``(args, state) -> (outputs, new state)``.
+- Exporting changes nothing: the state, the parameters' ``.grad`` and the lazyxla RNG hold what they held
+  before, and the function may not force an execution (``.item()``, a CPU fallback: it raises, naming
+  the line).
+
+Example::
+
+    exported = lazyxla.export(model, (torch.randn(8, 32),))
+    print(exported.stablehlo_text())
+    blob = exported.serialize()            # bytes, jax.export's format
+    # in any JAX process:
+    #   jax.export.deserialize(blob).call(x)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from lazyxla.config import config
+from lazyxla.device import runtime
+from lazyxla.lazy import diagnostics, graph
+from lazyxla.lazy.diagnostics import CompileRegionError
+from lazyxla.lazy.ir import Leaf, raise_if_error
+from lazyxla.lazy.tensor import LazyTensor, unwrap
+from lazyxla.lowering.to_jax import ArgLayout, graph_fn
+
+
+class ExportError(RuntimeError):
+    """The function cannot become one exported program (it forces an execution, returns a non-tensor, ...)."""
+
+
+class Exported:
+    """An exported lazyxla program (``lazyxla.export``'s result).
+
+    The program takes the example arguments' arrays, then the state's (``state_names`` order), and
+    returns the function's outputs (``out_names``), then the state's new values.
+
+    Example::
+
+        exported = lazyxla.export(step, (x, y), state=(model, opt))
+        loss, new_state = exported.call(x.numpy(), y.numpy(), *exported.state_values().values())
+    """
+
+    def __init__(self, exported, out_tree, in_names, out_names, state_names, state_values) -> None:
+        self.jax = exported  #: the underlying ``jax.export.Exported``
+        self.in_names = in_names  #: the program's inputs: ``args[i]`` and the state's names
+        self.out_names = out_names  #: the program's outputs: ``out[i]`` and the state's names
+        self.state_names = state_names  #: the names of the state tensors (inputs after the arguments)
+        self._out_tree = out_tree
+        self._state = state_values
+
+    def stablehlo_text(self) -> str:
+        """The program as StableHLO text (MLIR).
+
+        Example::
+
+            assert "stablehlo.dot_general" in exported.stablehlo_text()
+        """
+        return self.jax.mlir_module()
+
+    def serialize(self) -> bytes:
+        """The artifact in ``jax.export``'s serialized format; load it with ``jax.export.deserialize``.
+
+        Example::
+
+            blob = exported.serialize()
+            out = jax.export.deserialize(blob).call(x)   # no torch needed
+        """
+        return bytes(self.jax.serialize())
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`serialize`'s bytes to ``path`` atomically (a temporary file, then a rename).
+
+        Example::
+
+            exported.save("mlp.jaxexport")
+        """
+        path = os.fspath(path)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.serialize())
+            os.replace(tmp, path)
+        except BaseException:
+            os.remove(tmp)
+            raise
+
+    def state_values(self) -> dict[str, np.ndarray]:
+        """The state's values at export time, by name, in the program's input order.
+
+        Example::
+
+            state = list(exported.state_values().values())
+            out, state = exported.call(x, *state)
+        """
+        return dict(self._state)
+
+    def call(self, *arrays) -> Any:
+        """Run the exported program (jax arrays, NumPy arrays or CPU torch tensors).
+
+        Returns the function's outputs in its structure (as jax arrays); with state, the pair
+        ``(outputs, new_state)`` with ``new_state`` a tuple in ``state_names`` order.
+
+        Example::
+
+            logits = exported.call(x)
+        """
+        want = len(self.in_names)
+        if len(arrays) != want:
+            raise TypeError(
+                f"this exported program takes {want} arrays ({', '.join(self.in_names)}), got {len(arrays)}"
+            )
+        arrays = [_host(a) for a in arrays]
+        with runtime.x64():
+            flat = self.jax.call(*arrays)
+        n = len(self.out_names) - len(self.state_names)
+        outputs = pytree.tree_unflatten(list(flat[:n]), self._out_tree)
+        return (outputs, tuple(flat[n:])) if self.state_names else outputs
+
+    def __repr__(self) -> str:
+        return f"<lazyxla.Exported ({', '.join(self.in_names)}) -> ({', '.join(self.out_names)})>"
+
+
+def _host(a):
+    if isinstance(a, torch.Tensor):
+        if a.device.type != "cpu":
+            a = a.cpu()
+        return runtime.host_array(a.detach())
+    return a
+
+
+def export(
+    fn: Callable | torch.nn.Module,
+    example_args: Sequence[Any] | torch.Tensor,
+    *,
+    state: Any = None,
+    platforms: Sequence[str] | None = None,
+) -> Exported:
+    """Export ``fn(*example_args)`` as a StableHLO program (see the module docstring).
+
+    ``fn``: a function or a module on a lazyxla device. ``example_args``: its arguments; tensors (CPU or
+    lazyxla) become the program's inputs, other values are passed as they are and baked in. ``state``: a
+    module, an optimizer, a tensor, or a list/tuple/dict of them, whose lazyxla tensors ``fn`` updates in
+    place (a training step: ``state=(model, opt)``); they become inputs and outputs. An optimizer's state
+    must exist (run one step first) and live on the device (``torch.optim.AdamW(..., capturable=True)``
+    keeps its step count there; otherwise the count is read once and baked in). ``platforms``: jax
+    platforms to export for (default: this process's, e.g. ``("cpu",)``; ``("cpu", "cuda", "tpu")``).
+
+    int64 inputs stay int64: a consumer passes them with ``jax_enable_x64`` on.
+
+    Example::
+
+        model = MLP().to("lazyxla")
+        exported = lazyxla.export(model, (torch.randn(8, 32),))
+        logits = exported.call(np.ones((8, 32), np.float32))
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        exported = lazyxla.export(step, (x, y), state=(model, opt))
+    """
+    if isinstance(example_args, torch.Tensor) or not isinstance(example_args, (tuple, list)):
+        example_args = (example_args,)
+    if isinstance(fn, torch.nn.Module):
+        _check_on_device(fn, "the module passed to lazyxla.export")
+    graph.sync()  # everything the function reads is device data from here on
+    device = _device_of(fn, state)
+    args = [_fresh_input(a, device, k) for k, a in enumerate(example_args)]
+    named = _state_tensors(state)
+    before = [unwrap(t)._value for _, t in named]
+    grads = _grads(state)
+    grad_values = [unwrap(g)._value for _, g in grads if g is not None]
+    opt_keys = {id(o): {id(p) for p in o.state} for o in _optimizers(state)}
+    rng_state = torch.lazyxla.get_rng_state()
+    region = diagnostics.Region("lazyxla.export", full_graph=True, max_graphs=None)
+    region.what = f"lazyxla.export({getattr(fn, '__qualname__', type(fn).__name__)})"
+    region.inside = "the exported function: an exported program cannot stop to run on the host"
+    diagnostics.enter(region)
+    try:
+        result = fn(*args)
+        out_leaves, out_tree = pytree.tree_flatten(result)
+        outs = [_output(o, k) for k, o in enumerate(out_leaves)]
+        after = [unwrap(t)._value for _, t in named]
+        new_entries = _new_optimizer_entries(state, opt_keys)
+    except CompileRegionError as e:
+        raise ExportError(str(e)) from None
+    finally:
+        diagnostics.leave(region)
+        for (_, t), v in zip(named, before):  # exporting changes nothing
+            _set_value(t, v)
+        for (_, g), v in zip([x for x in grads if x[1] is not None], grad_values):
+            _set_value(g, v)
+        for p, g in grads:
+            p.grad = g
+        torch.lazyxla.set_rng_state(rng_state)
+    if new_entries:
+        raise ExportError(
+            f"lazyxla.export: the optimizer created its state during the exported call ({new_entries}): the "
+            "program's inputs would not include it. Run one training step before exporting, so the "
+            "optimizer's state (momentum buffers, step counts) exists"
+        )
+    return _build(args, outs, out_tree, named, before, after, platforms)
+
+
+def _set_value(t: torch.Tensor, value: tuple) -> None:
+    """Make the user tensor ``t`` hold the IR value ``value`` again, as an in-place op would (so views of
+    it, ``t.detach()`` included, see the value too)."""
+    inner = unwrap(t)
+    if inner._value is value:
+        return
+    torch._functionalize_replace(t, LazyTensor(value, inner._aval))
+    torch._functionalize_commit_update(t)
+    torch._functionalize_sync(t)
+
+
+def _check_on_device(module: torch.nn.Module, what: str) -> None:
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if t.device.type != "lazyxla":
+            raise ValueError(
+                f"{what} has {name!r} on {t.device}: move the module to the lazyxla device first "
+                "(model.to(lazyxla.device()))"
+            )
+
+
+def _device_of(fn, state) -> int:
+    for _, t in _state_tensors(state):
+        return t.device.index or 0
+    if isinstance(fn, torch.nn.Module):
+        for t in [*fn.parameters(), *fn.buffers()]:
+            return t.device.index or 0
+    return 0
+
+
+def _fresh_input(a, device: int, k: int):
+    """An example argument as the function sees it: tensors become new device data (one program input
+    each, even when two arguments are the same tensor)."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    if a.device.type not in ("cpu", "lazyxla"):
+        raise ValueError(f"lazyxla.export: example argument {k} is on {a.device}; pass CPU or lazyxla tensors")
+    host = a.detach().cpu() if a.device.type == "lazyxla" else a.detach()
+    t = host.to(torch.device("lazyxla", device))
+    return t.requires_grad_(a.requires_grad)
+
+
+def _output(o, k: int):
+    if not isinstance(o, torch.Tensor):
+        raise ExportError(
+            f"lazyxla.export: the function's output {k} is a {type(o).__name__}; an exported program returns "
+            "tensors only (return it as a tensor, or leave it out)"
+        )
+    if o.device.type != "lazyxla":
+        raise ExportError(
+            f"lazyxla.export: the function's output {k} is on {o.device}; return lazyxla tensors (computed on "
+            "the device) so the program can compute it"
+        )
+    return unwrap(o)._value
+
+
+def _optimizers(state) -> list:
+    if isinstance(state, torch.optim.Optimizer):
+        return [state]
+    if isinstance(state, dict):
+        return [o for v in state.values() for o in _optimizers(v)]
+    if isinstance(state, (list, tuple)):
+        return [o for v in state for o in _optimizers(v)]
+    return []
+
+
+def _state_tensors(state, prefix: str = "state") -> list[tuple[str, torch.Tensor]]:
+    """The lazyxla tensors of ``state``, named, without duplicates."""
+    out: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()
+
+    def add(name, t):
+        if isinstance(t, torch.Tensor) and t.device.type == "lazyxla" and id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
+
+    def walk(x, name):
+        if x is None:
+            return
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "lazyxla":
+                raise ValueError(f"lazyxla.export: state tensor {name} is on {x.device}; state lives on lazyxla")
+            add(name, x)
+        elif isinstance(x, torch.nn.Module):
+            _check_on_device(x, f"the state module {name}")
+            for n, t in [*x.named_parameters(), *x.named_buffers()]:
+                add(f"{name}.{n}", t)
+        elif isinstance(x, torch.optim.Optimizer):
+            params = [p for group in x.param_groups for p in group["params"]]
+            for i, p in enumerate(params):
+                for k, v in x.state.get(p, {}).items():
+                    add(f"{name}.state.{i}.{k}", v)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{name}.{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{name}[{i}]" if len(x) > 1 else name)
+        else:
+            raise TypeError(
+                f"lazyxla.export: state= takes modules, optimizers, tensors and lists/dicts of them; {name} is a "
+                f"{type(x).__name__}"
+            )
+
+    walk(state, prefix)
+    return out
+
+
+def _grads(state) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(parameter, its .grad) for the state modules' parameters: restored after the export's call."""
+    params = []
+
+    def walk(x):
+        if isinstance(x, torch.nn.Module):
+            params.extend(x.parameters())
+        elif isinstance(x, torch.optim.Optimizer):
+            params.extend(p for group in x.param_groups for p in group["params"])
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    unique = list({id(p): p for p in params}.values())
+    return [(p, p.grad) for p in unique]
+
+
+def _new_optimizer_entries(state, before: dict[int, set[int]]) -> str:
+    """Optimizer state created by the exported call (removed again); '' when there is none."""
+    made = []
+    for o in _optimizers(state):
+        for p in list(o.state):
+            if id(p) not in before[id(o)]:
+                made.append(f"{sorted(o.state[p])} for a parameter of shape {list(p.shape)}")
+                del o.state[p]
+    return "; ".join(made[:2]) + ("; ..." if len(made) > 2 else "")
+
+
+def _build(args, outs, out_tree, named, before, after, platforms) -> Exported:
+    inputs = [unwrap(a)._value for a in args if isinstance(a, torch.Tensor)]
+    in_names = [f"args[{k}]" for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    in_names += [n for n, _ in named]
+    out_names = [f"out[{k}]" for k in range(len(outs))] + [n for n, _ in named]
+    wanted = outs + after
+    roots, order, leaves, _ = graph.plan_values(wanted)
+    root_pos = {(id(m), i): k for k, (m, i) in enumerate(roots)}
+    picks = [root_pos[(id(v[0]), v[1])] for v in wanted]
+    positions = {}  # leaf index -> program input position
+    for k, v in enumerate(inputs + before):
+        positions.setdefault(id(v[0]), k)
+    layout = ArgLayout(leaves)
+    constants = {}
+    for i in layout.data:
+        n = leaves[i]
+        raise_if_error(n)
+        if id(n) not in positions:
+            constants[i] = np.asarray(jax.device_get(n.payload))
+    extra = []
+    if layout.scalars:
+        extra.append(np.array([leaves[i].payload for i in layout.scalars], np.float64))
+    if layout.keys:
+        extra.append(np.stack([leaves[i].payload for i in layout.keys]))
+    body = graph_fn(order, leaves, roots, layout)
+    slot = {i: positions.get(id(leaves[i])) for i in layout.data}
+
+    def program(*program_inputs):
+        data = [program_inputs[slot[i]] if slot[i] is not None else constants[i] for i in layout.data]
+        results = body(*data, *extra)
+        return tuple(results[k] for k in picks)
+
+    specs = [
+        jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, runtime.np_dtype(v[0].avals[v[1]].dtype))
+        for v in inputs + before
+    ]
+    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+        exported = jax.export.export(jax.jit(program), platforms=platforms)(*specs)
+    state_values = [(n, np.asarray(jax.device_get(v[0].payload))) for (n, _), v in zip(named, before)]
+    for n, v in zip([n for n, _ in named], before):
+        if v[0].op is not Leaf.DATA:
+            raise ExportError(f"lazyxla.export internal error: state {n} was not device data at the start")
+    return Exported(exported, out_tree, in_names, out_names, [n for n, _ in named], state_values)
+
+
+__all__ = ["ExportError", "Exported", "export"]
