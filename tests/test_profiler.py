@@ -48,8 +48,7 @@ def test_trace_file_has_the_phases_of_every_step(tmp_path, dev):
 
 
 def test_one_trace_at_a_time(tmp_path):
-    with lazyxla.profiler.trace(tmp_path / "a"):
-        with pytest.raises(RuntimeError, match="already running"):
-            with lazyxla.profiler.trace(tmp_path / "b"):
-                pass
+    outer = lazyxla.profiler.trace(tmp_path / "a")
+    with outer, pytest.raises(RuntimeError, match="already running"), lazyxla.profiler.trace(tmp_path / "b"):
+        pass
     assert not lazyxla.profiler.active()

@@ -74,11 +74,12 @@ class OpSig:
     output avals; and the source line that recorded it (not part of the comparison)."""
 
     op: str
-    constants: str
+    constants: str  # repr of ``values``: equal when the program is (1, 1.0 and True differ)
     args: tuple
     inputs: tuple
     outputs: tuple
     source: str | None = dataclasses.field(default=None, compare=False)
+    values: tuple = dataclasses.field(default=(), compare=False)
 
 
 def signature(order, leaves) -> list[OpSig]:
@@ -94,19 +95,43 @@ def signature(order, leaves) -> list[OpSig]:
         args = tuple((index[id(m)], i) for m, i in n.inputs)
         ins = tuple((tuple(m.avals[i].shape), str(m.avals[i].dtype)) for m, i in n.inputs)
         outs = tuple((tuple(a.shape), str(a.dtype)) for a in n.avals)
-        sig.append(OpSig(str(n.op), _constants(n.template), args, ins, outs, n.source))
+        values = _constants(n.template)
+        sig.append(OpSig(str(n.op), repr(values), args, ins, outs, n.source, values))
     return sig
 
 
-def _constants(template) -> str:
+def _constants(template) -> tuple:
+    """The op's arguments with tensors as ``T``: ``(args, kwargs)``."""
     from lazyxla.lazy.ir import In
 
     def walk(x):
         if type(x) is tuple:
-            return tuple(walk(e) for e in x if type(e) is not In)
-        return x
+            return tuple(walk(e) for e in x)
+        return _TENSOR if type(x) is In else x
 
-    return repr(walk(template))
+    return walk(template)
+
+
+class _Tensor:
+    def __repr__(self) -> str:
+        return "T"
+
+
+_TENSOR = _Tensor()
+
+
+def _argument_changes(a: tuple, b: tuple) -> str:
+    """'argument 1: [-1, 16] -> [-1, 24]' for two ``_constants`` values."""
+    (xa, xk), (ya, yk) = a, b
+    out = [f"argument {i}: {_py(p)} -> {_py(q)}" for i, (p, q) in enumerate(zip(xa, ya)) if repr(p) != repr(q)]
+    out += [f"{k}: {_py(p)} -> {_py(q)}" for (k, p), (_, q) in zip(xk, yk) if repr(p) != repr(q)]
+    if len(xa) != len(ya) or len(xk) != len(yk):
+        out.append(f"{len(xa)} -> {len(ya)} arguments")
+    return ", ".join(out) or f"{a} -> {b}"
+
+
+def _py(x) -> str:
+    return repr(list(x)) if isinstance(x, tuple) else repr(x)
 
 
 def _at(s: OpSig) -> str:
@@ -123,6 +148,12 @@ def _change(x, y) -> str:
     return f"shape {list(xs)} -> {list(ys)} (" + ", ".join(dims) + ")"
 
 
+def _kind(s: OpSig) -> str:
+    (shape, dtype), kind = s.outputs[0], s.op[1:-1]
+    what = {"data": "device data", "scalar": "a Python number", "rng": "a random key"}.get(kind, kind)
+    return f"{what} {list(shape)} {dtype.replace('torch.', '')}"
+
+
 def diff(old: list[OpSig], new: list[OpSig]) -> str:
     """One line on where two graph signatures first differ, naming the user's line when known."""
     for k, (a, b) in enumerate(zip(old, new)):
@@ -131,12 +162,14 @@ def diff(old: list[OpSig], new: list[OpSig]) -> str:
         if b.op.startswith("<") and a.op.startswith("<"):  # graph inputs: device data, scalars, RNG keys
             user = next((s for s in new if any(j == k for j, _ in s.args)), None)
             used = f", first used by {user.op}{_at(user)}" if user else ""
+            if a.op != b.op:
+                return f"graph input {k} is {_kind(b)} instead of {_kind(a)}{used}"
             return f"graph input {k} ({b.op[1:-1]}): {_change(a.outputs[0], b.outputs[0])}{used}"
         if a.op != b.op:
             return f"op {k} is {b.op} instead of {a.op}{_at(b)}"
         if a.constants != b.constants:
             return (
-                f"{b.op}{_at(b)}: a Python value in its arguments changed: {a.constants} -> {b.constants} "
+                f"{b.op}{_at(b)}: a Python value in its arguments changed: {_argument_changes(a.values, b.values)} "
                 "(Python numbers passed as shapes, sizes or dims are baked into the program)"
             )
         if a.inputs != b.inputs:
