@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from lazyxla import autocast
 from lazyxla.device import registration, runtime
 from lazyxla.lazy import rng
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
@@ -165,6 +166,7 @@ def install() -> None:
     DEVICE_KERNEL_OPS.update(_overload(name) for name in KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
+    autocast.install()
 
 
 __all__ = ["LazyTensor", "install", "to_cpu"]
