@@ -146,8 +146,11 @@ def test_multi_replica_programs_are_loaded_from_the_disk_cache(tmp_path):
     want = [2.0 * (2 * i + 1) for i in range(4)]  # 2 * (x_0 + x_1)
     for a, b in zip(first, second):
         assert a["value"] == b["value"] == want
-        assert a["misses"] >= 1 and a["hits"] == 0
-        assert b["hits"] == a["misses"] and b["misses"] == 0
+        # First run: each rank compiles and writes (a miss) or, when the other rank wrote the same program
+        # a moment before, loads it; at least one rank compiled.
+        assert a["misses"] + a["hits"] >= 1
+        assert b["hits"] == a["misses"] + a["hits"] and b["misses"] == 0  # second run: every program loaded
+    assert sum(a["misses"] for a in first) >= 1
 
 
 @pytest.mark.parametrize(
