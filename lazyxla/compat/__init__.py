@@ -1,0 +1,209 @@
+"""``lazyxla.compat``: run torch_xla scripts unmodified on lazyxla.
+
+``lazyxla.compat.torch_xla`` holds modules with torch_xla's public names and signatures
+(``torch_xla``, ``torch_xla.core.xla_model``, ``torch_xla.runtime``, ``torch_xla.distributed.*``,
+``torch_xla.debug.metrics``, ``torch_xla.amp``, ...), each a thin mapping onto lazyxla. :func:`install`
+makes ``import torch_xla...`` resolve to them, but only when the real torch_xla is not importable: a real
+installation is never shadowed. ``python -m lazyxla.run script.py [args]`` runs a script with the layer
+installed (see ``docs/migrating-from-torch_xla.md``).
+
+How ``install`` works:
+
+* a finder at the front of ``sys.meta_path`` answers ``torch_xla`` and ``torch_xla.<sub>`` with the module
+  ``lazyxla.compat.torch_xla.<sub>`` itself (one module object under both names, so module state such as
+  step closures is shared);
+* a folder holding a tiny ``torch_xla`` bootstrap package is appended to ``sys.path``. Processes started by
+  ``multiprocessing`` (``xmp.spawn``'s replicas, DataLoader workers under the spawn or forkserver start
+  methods) receive the parent's ``sys.path`` and re-import the script before anything else runs: there,
+  ``import torch_xla`` finds the bootstrap package, which installs the finder in that process too;
+* torch_xla's PJRT variables are read once: ``PJRT_DEVICE`` (``CPU``, ``CUDA``/``GPU``, ``TPU``) selects
+  jax's platform unless ``JAX_PLATFORMS`` is set, and ``CPU_NUM_DEVICES`` gives the process that many CPU
+  devices (``lazyxla.config.cpu_devices``) unless that is set, as torch_xla's CPU client does.
+
+Example::
+
+    import lazyxla.compat
+    if lazyxla.compat.install():
+        import torch_xla.core.xla_model as xm      # lazyxla.compat.torch_xla.core.xla_model
+        dev = xm.xla_device()                      # torch.device('lazyxla', 0)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+__all__ = ["PATH_DIR", "install", "installed", "real_torch_xla", "uninstall"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+PATH_DIR = os.path.join(_HERE, "_path")
+"""The folder whose ``torch_xla`` bootstrap package lets child processes import the layer."""
+
+_PREFIX = "lazyxla.compat."
+_state: dict = {"finder": None, "env_applied": False}
+
+
+def _ours(origin: str | None) -> bool:
+    return bool(origin) and os.path.abspath(origin).startswith(_HERE + os.sep)
+
+
+def _is_torch_xla_name(fullname: str) -> bool:
+    return fullname == "torch_xla" or fullname.startswith("torch_xla.")
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads ``torch_xla.X`` as the already importable ``lazyxla.compat.torch_xla.X`` (the same object)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.spec = None
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.target)
+        self.spec = module.__spec__
+        return module
+
+    def exec_module(self, module) -> None:
+        # The target module ran when it was imported; the import system has just replaced its __spec__
+        # with the alias's: give it back, so the module keeps describing itself as lazyxla.compat's.
+        module.__spec__ = self.spec
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Answers ``torch_xla`` and its submodules with lazyxla's compatibility modules."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not _is_torch_xla_name(fullname):
+            return None
+        target_name = _PREFIX + fullname
+        try:
+            spec = importlib.util.find_spec(target_name)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:  # not provided: the import fails as usual (find_spec probes get None)
+            return None
+        return importlib.util.spec_from_loader(
+            fullname, _AliasLoader(target_name), is_package=spec.submodule_search_locations is not None
+        )
+
+
+def real_torch_xla() -> str | None:
+    """Where a real torch_xla would be imported from, or None when there is none.
+
+    lazyxla's own modules (the compatibility layer and its bootstrap folder) do not count.
+
+    Example::
+
+        if lazyxla.compat.real_torch_xla():
+            print("torch_xla is installed; lazyxla.compat stays out of its way")
+    """
+    loaded = sys.modules.get("torch_xla")
+    if loaded is not None:
+        origin = getattr(getattr(loaded, "__spec__", None), "origin", None) or getattr(loaded, "__file__", None)
+        if not _ours(origin) and not getattr(loaded, "__lazyxla_compat__", False):
+            return origin or repr(loaded)
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != PATH_DIR]
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder):
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find("torch_xla", path if finder is importlib.machinery.PathFinder else None)
+        except Exception:  # a third-party finder that cannot answer for a top-level name
+            spec = None
+        if spec is not None and not _ours(spec.origin):
+            locations = list(spec.submodule_search_locations or [])
+            if spec.origin is None and locations and all(_ours(os.path.join(p, "x")) for p in locations):
+                continue  # a namespace package made of lazyxla's own folders
+            return spec.origin or (locations[0] if locations else "torch_xla")
+    return None
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect in this process.
+
+    Example::
+
+        assert lazyxla.compat.installed()
+    """
+    return _state["finder"] is not None
+
+
+def _apply_pjrt_environment() -> None:
+    """torch_xla's PJRT variables, once per process, before jax starts a backend."""
+    if _state["env_applied"]:
+        return
+    _state["env_applied"] = True
+    from lazyxla.config import config
+    from lazyxla.device.distributed import _backend_started
+
+    if _backend_started():
+        return
+    import jax
+
+    device = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    platform = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}.get(device.split("_")[0])
+    if platform and not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", platform)
+    count = os.environ.get("CPU_NUM_DEVICES", "").strip()
+    if count.isdigit() and int(count) > 0 and config.cpu_devices == 0:
+        config.cpu_devices = int(count)
+
+
+def install() -> bool:
+    """Make ``import torch_xla...`` resolve to lazyxla's compatibility modules; returns whether it did.
+
+    Nothing changes, and False is returned, when a real torch_xla is importable (see
+    :func:`real_torch_xla`): the layer never shadows it. Calling it again is a no-op. Processes started
+    by ``multiprocessing`` from this one get the layer as well (through ``sys.path``); ``python -m
+    lazyxla.run`` also exports it to other child interpreters through ``PYTHONPATH``.
+
+    Example::
+
+        import lazyxla.compat
+        lazyxla.compat.install()
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        print(xm.xla_device())            # lazyxla:0
+    """
+    if _state["finder"] is not None:
+        return True
+    if real_torch_xla() is not None:
+        return False
+    finder = _Finder()
+    sys.meta_path.insert(0, finder)
+    _state["finder"] = finder
+    if PATH_DIR not in sys.path:
+        sys.path.append(PATH_DIR)
+    _apply_pjrt_environment()
+    return True
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: ``import torch_xla`` fails again (or finds a real one installed since).
+
+    The compatibility modules stay importable as ``lazyxla.compat.torch_xla...``; only the ``torch_xla``
+    names are removed from ``sys.modules``.
+
+    Example::
+
+        lazyxla.compat.uninstall()
+        assert "torch_xla" not in sys.modules
+    """
+    finder = _state["finder"]
+    _state["finder"] = None
+    if finder is not None and finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+    while PATH_DIR in sys.path:
+        sys.path.remove(PATH_DIR)
+    for name in [n for n in sys.modules if _is_torch_xla_name(n)]:
+        module = sys.modules[name]
+        if getattr(module, "__name__", "").startswith(_PREFIX) or getattr(module, "__lazyxla_compat__", False):
+            del sys.modules[name]
+    importlib.invalidate_caches()

@@ -1,0 +1,189 @@
+"""``torch_xla.distributed.parallel_loader`` (``pl``) on lazyxla: ``MpDeviceLoader`` and ``ParallelLoader``.
+
+Batches are moved to the device ahead of use by ``lazyxla.DeviceLoader``'s background thread. As in
+torch_xla, every ``next()`` first marks the step (``xm.mark_step()``: the previous step's program runs
+and step closures fire), so a training loop over the loader needs no ``mark_step`` of its own.
+
+Example::
+
+    import torch_xla.distributed.parallel_loader as pl
+    for x, y in pl.MpDeviceLoader(train_loader, xm.xla_device()):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        xm.optimizer_step(opt)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+import lazyxla
+from lazyxla.collectives.training import map_tensors
+from lazyxla.compat._common import missing_attribute, unsupported
+from lazyxla.compat.torch_xla.core import xla_model as xm
+
+__all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
+
+
+def _device(d) -> torch.device:
+    d = torch.device(d)
+    return torch.device(d.type, 0) if d.type == "lazyxla" and d.index is None else d
+
+
+def _batch_size(batch, dim: int):
+    sizes = []
+    map_tensors(batch, lambda t: sizes.append(t.shape[dim]) or t)
+    return sizes[0] if sizes else None
+
+
+class _Source:
+    """The wrapped loader's batches, moved to the device (this runs in DeviceLoader's thread); with
+    ``fixed_batch_size`` it stops at the first batch whose size differs from the first one's."""
+
+    def __init__(self, loader: Iterable, move, fixed_batch_size: bool, batchdim: int) -> None:
+        self.loader, self.move, self.fixed, self.batchdim = loader, move, fixed_batch_size, batchdim
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        first = None
+        for batch in self.loader:
+            if self.fixed:
+                size = _batch_size(batch, self.batchdim)
+                if first is None:
+                    first = size
+                elif size != first:
+                    break
+            yield map_tensors(batch, self.move)
+
+
+class ParallelLoader:
+    """Wraps a DataLoader so that its batches reach ``devices`` in the background.
+
+    lazyxla drives one device per process, so ``devices`` holds one device (torch_xla's thread-per-device
+    replication is ``xmp.spawn`` or SPMD here). ``device_prefetch_size`` batches are kept ready;
+    ``input_sharding`` (an ``xs.ShardingSpec``) lays batch tensors out in SPMD mode.
+    ``loader_prefetch_size`` and ``host_to_device_transfer_threads`` are accepted and unused.
+
+    Example::
+
+        para = pl.ParallelLoader(train_loader, [dev])
+        for x, y in para.per_device_loader(dev): ...
+    """
+
+    def __init__(
+        self,
+        loader: Iterable,
+        devices,
+        batchdim: int = 0,
+        fixed_batch_size: bool = False,
+        loader_prefetch_size: int = 16,
+        device_prefetch_size: int = 8,
+        host_to_device_transfer_threads: int = 1,
+        input_sharding=None,
+    ) -> None:
+        self._loader = loader
+        self._devices = [_device(d) for d in devices]
+        if len(self._devices) != 1:
+            unsupported(
+                "torch_xla.distributed.parallel_loader.ParallelLoader over "
+                f"{len(self._devices)} devices in one process",
+                "one device per process (xmp.spawn, or SPMD with xs.ShardingSpec)",
+            )
+        device = self._devices[0]
+        if input_sharding is not None:
+            move = lambda t: input_sharding._move(t, device) if t.device.type == "cpu" else t
+        else:
+            move = lambda t: t.to(device, non_blocking=True) if t.device.type == "cpu" else t
+        source = _Source(loader, move, fixed_batch_size, batchdim)
+        self._device_loader = lazyxla.DeviceLoader(
+            source, device, prefetch=max(1, int(device_prefetch_size)), sync_each_step=False
+        )
+        self._iterator = iter(self._device_loader)  # starts the background transfers, as torch_xla does
+
+    def per_device_loader(self, device) -> PerDeviceLoader:
+        """The iterator of ``device``'s batches.
+
+        Example::
+
+            for batch in para.per_device_loader(dev): ...
+        """
+        device = _device(device)
+        if device not in self._devices:
+            raise ValueError(f"ParallelLoader: {device} is not one of its devices {self._devices}")
+        return PerDeviceLoader(self, device)
+
+    def per_device_samples(self) -> int:
+        """Batches each device gets."""
+        return len(self._loader) // len(self._devices)
+
+    def next_item(self, device):
+        """The next batch for ``device``, or None at the end."""
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            return None
+
+    def close(self) -> None:
+        """Stop the background thread (and the DataLoader's workers)."""
+        self._iterator.close()
+
+
+class PerDeviceLoader:
+    """One device's batches; every ``next()`` marks the step first (``xm.mark_step()``).
+
+    Example::
+
+        loader = para.per_device_loader(dev)
+        x, y = next(loader)
+    """
+
+    def __init__(self, loader: ParallelLoader, device) -> None:
+        self._loader = loader
+        self._device = device
+
+    def __iter__(self) -> PerDeviceLoader:
+        return self
+
+    def __next__(self):
+        return self.next()
+
+    def __len__(self) -> int:
+        return self._loader.per_device_samples()
+
+    def next(self):
+        xm.mark_step()
+        item = self._loader.next_item(self._device)
+        if item is None:
+            raise StopIteration
+        return item
+
+
+class MpDeviceLoader:
+    """The loader of multi-process (one device per process) training: ``ParallelLoader(loader, [device],
+    **kwargs)`` per iteration.
+
+    Example::
+
+        train_device_loader = pl.MpDeviceLoader(train_loader, xm.xla_device())
+        for step, (data, target) in enumerate(train_device_loader): ...
+    """
+
+    def __init__(self, loader: Iterable, device, **kwargs) -> None:
+        self._loader = loader
+        self._device = device
+        self._parallel_loader_kwargs = kwargs
+
+    def __iter__(self) -> PerDeviceLoader:
+        parallel_loader = ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs)
+        return parallel_loader.per_device_loader(self._device)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+def __getattr__(name: str):
+    raise missing_attribute(__name__, name)

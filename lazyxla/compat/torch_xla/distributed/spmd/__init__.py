@@ -1,0 +1,301 @@
+"""``torch_xla.distributed.spmd`` (``xs``) on lazyxla: meshes and sharding annotations.
+
+``xs.Mesh``/``xs.HybridMesh`` describe the logical device mesh as in torch_xla (``device_ids`` raveled in
+C order into ``mesh_shape``; axes named or addressed by index); ``xs.mark_sharding(t, mesh, spec)``
+annotates ``t`` through ``lazyxla.spmd.mark_sharding`` and XLA's partitioner does the rest. Partition
+specs take axis names, axis indices, ``None`` and tuples of those, as in torch_xla. ``mark_sharding``
+returns the annotated tensor itself (torch_xla wraps it in an ``XLAShardedTensor``).
+
+Example::
+
+    import numpy as np
+    import torch_xla.runtime as xr
+    import torch_xla.distributed.spmd as xs
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n, 1), ("data", "model"))
+    xs.mark_sharding(x, mesh, ("data", None))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import lazyxla
+from lazyxla.compat._common import missing_attribute, stub
+
+__all__ = [
+    "HybridMesh",
+    "Mesh",
+    "ShardingSpec",
+    "ShardingType",
+    "clear_sharding",
+    "get_1d_mesh",
+    "get_global_mesh",
+    "mark_sharding",
+    "set_global_mesh",
+    "wrap_if_sharded",
+]
+
+_state: dict[str, Any] = {"global_mesh": None}
+
+
+class Mesh:
+    """A logical device mesh: ``device_ids`` (a permutation of the run's device indices) laid out in C order
+    as ``mesh_shape``, with optional ``axis_names``.
+
+    Example::
+
+        mesh = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+        mesh.shape()              # OrderedDict([('data', 4), ('model', 2)])
+        mesh.get_logical_mesh()   # array([[0, 1], [2, 3], [4, 5], [6, 7]])
+    """
+
+    def __init__(self, device_ids, mesh_shape: Sequence[int], axis_names: Sequence[str] | None = None) -> None:
+        ids = np.asarray(device_ids).reshape(-1)
+        shape = tuple(int(s) for s in mesh_shape)
+        names = None if axis_names is None else tuple(axis_names)
+        if names is not None and len(names) != len(shape):
+            raise ValueError(f"Mesh: {len(shape)} mesh dimensions {shape} but {len(names)} axis names {names}")
+        if names is not None and len(set(names)) != len(names):
+            raise ValueError(f"Mesh: axis names must be distinct, got {names}")
+        if len(ids) != int(np.prod(shape)):
+            raise ValueError(f"Mesh: {len(ids)} device ids do not fill the mesh shape {shape}")
+        if len(np.unique(ids)) != len(ids) or not all(0 <= int(d) < len(ids) for d in ids):
+            raise ValueError(f"Mesh: device_ids must be a permutation of 0..{len(ids) - 1}, got {ids.tolist()}")
+        self.device_ids = ids
+        self.mesh_shape = shape
+        self.axis_names = names
+        self._lazy: lazyxla.spmd.Mesh | None = None
+
+    def size(self) -> int:
+        """Devices in the mesh."""
+        return int(np.prod(self.mesh_shape))
+
+    def shape(self) -> OrderedDict:
+        """Axis name (or index) -> size."""
+        keys = self.axis_names if self.axis_names is not None else range(len(self.mesh_shape))
+        return OrderedDict(zip(keys, self.mesh_shape))
+
+    def get_logical_mesh(self) -> np.ndarray:
+        """The device ids in the mesh's shape."""
+        return self.device_ids.reshape(self.mesh_shape)
+
+    def get_axis_name_idx(self, name: str) -> int | None:
+        """The index of axis ``name``, or None."""
+        if self.axis_names is None or name not in self.axis_names:
+            return None
+        return self.axis_names.index(name)
+
+    @property
+    def lazyxla_mesh(self) -> lazyxla.spmd.Mesh:
+        """The ``lazyxla.spmd.Mesh`` behind this mesh (built at first use: it needs the run's devices)."""
+        if self._lazy is None:
+            names = self.axis_names or tuple(f"axis{i}" for i in range(len(self.mesh_shape)))
+            self._lazy = lazyxla.spmd.Mesh(self.device_ids.tolist(), self.mesh_shape, names)
+        return self._lazy
+
+    def _spec(self, partition_spec: Sequence) -> tuple:
+        """``partition_spec`` with axis indices replaced by the lazyxla mesh's axis names."""
+        names = self.lazyxla_mesh.axis_names
+
+        def one(entry):
+            if entry is None:
+                return None
+            if isinstance(entry, tuple):
+                if any(isinstance(e, tuple) for e in entry):
+                    raise ValueError("Partition spec cannot contain nested tuples")
+                return tuple(one(e) for e in entry)
+            if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
+                if not 0 <= int(entry) < len(names):
+                    raise ValueError(f"partition spec entry {entry} is not an axis of the mesh {self.mesh_shape}")
+                return names[int(entry)]
+            if isinstance(entry, str):
+                if entry not in names:
+                    raise ValueError(f"Axis name {entry} is not defined in the given mesh")
+                return entry
+            raise ValueError(f"Spec type {type(entry)} is not supported in partition spec")
+
+        return tuple(one(e) for e in partition_spec)
+
+    def __repr__(self) -> str:
+        ids = self.device_ids.tolist()
+        return f"Mesh(device_ids={ids}, mesh_shape={self.mesh_shape}, axis_names={self.axis_names})"
+
+
+class HybridMesh(Mesh):
+    """A mesh over slices (DCN) of devices (ICI): axis ``i`` spans ``dcn_mesh_shape[i]`` processes times
+    ``ici_mesh_shape[i]`` devices of each (``lazyxla.spmd.hybrid_mesh``); with one slice it is a plain mesh.
+
+    Example::
+
+        mesh = xs.HybridMesh(ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1), axis_names=("data", "model"))
+    """
+
+    def __init__(
+        self,
+        *,
+        ici_mesh_shape: Sequence[int],
+        dcn_mesh_shape: Sequence[int] | None = None,
+        axis_names: Sequence[str] | None = None,
+    ) -> None:
+        ici = tuple(int(s) for s in ici_mesh_shape)
+        dcn = tuple(int(s) for s in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
+        if len(ici) != len(dcn):
+            raise ValueError("HybridMesh: ici_mesh_shape and dcn_mesh_shape need the same length")
+        self.ici_mesh_shape, self.dcn_mesh_shape = ici, dcn
+        shape = tuple(i * d for i, d in zip(ici, dcn))
+        if int(np.prod(dcn)) > 1:
+            names = tuple(axis_names) if axis_names is not None else tuple(f"axis{i}" for i in range(len(ici)))
+            ids = lazyxla.spmd.hybrid_mesh(ici, dcn, names).device_ids
+        else:
+            ids = list(range(int(np.prod(shape))))
+        super().__init__(ids, shape, axis_names)
+
+
+def get_1d_mesh(axis_name: str | None = None) -> Mesh:
+    """A 1-D mesh over every device of the run.
+
+    Example::
+
+        mesh = xs.get_1d_mesh("data")
+    """
+    n = lazyxla.spmd.device_count()
+    return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
+
+
+def set_global_mesh(mesh: Mesh) -> None:
+    """Remember ``mesh`` as the process's mesh (what :func:`get_global_mesh` returns).
+
+    Example::
+
+        xs.set_global_mesh(mesh)
+    """
+    _state["global_mesh"] = mesh
+    lazyxla.spmd.set_global_mesh(mesh.lazyxla_mesh)
+
+
+def get_global_mesh() -> Mesh | None:
+    """The mesh given to :func:`set_global_mesh`, or None.
+
+    Example::
+
+        mesh = xs.get_global_mesh()
+    """
+    return _state["global_mesh"]
+
+
+def _tensor(t):
+    return getattr(t, "global_tensor", t)
+
+
+def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
+    """Annotate ``t`` with ``partition_spec`` over ``mesh`` (one entry per dimension: an axis name or
+    index, ``None``, or a tuple of those); returns ``t``. Needs SPMD mode (``xr.use_spmd()``).
+
+    Example::
+
+        xs.mark_sharding(x, mesh, ("data", None))            # batch split over 'data'
+        xs.mark_sharding(linear.weight, mesh, (None, 1))      # by axis index
+    """
+    t = _tensor(t)
+    if len(partition_spec) != len(t.shape):
+        raise ValueError(
+            f"Partition spec length ({len(partition_spec)}) should be equal to the input rank ({len(t.shape)})."
+        )
+    return lazyxla.spmd.mark_sharding(t, mesh.lazyxla_mesh, mesh._spec(partition_spec))
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Drop ``t``'s annotation (it becomes replicated); returns ``t``.
+
+    Example::
+
+        xs.clear_sharding(x)
+    """
+    return lazyxla.spmd.clear_sharding(_tensor(t))
+
+
+def wrap_if_sharded(x: Any) -> Any:
+    """``x`` itself: lazyxla has no ``XLAShardedTensor`` wrapper (annotations live on the tensor).
+
+    Example::
+
+        y = xs.wrap_if_sharded(y)
+    """
+    return x
+
+
+class ShardingType(enum.IntEnum):
+    """torch_xla's sharding kinds (for code that compares against them).
+
+    Example::
+
+        assert xs.ShardingType.TILED == 3
+    """
+
+    REPLICATED = 0
+    MAXIMAL = 1
+    TUPLE = 2
+    TILED = 3
+    MANUAL = 4
+    PARTIAL = 5
+    UNKNOWN = 6
+
+
+@dataclasses.dataclass
+class ShardingSpec:
+    """How a data loader lays batches out: ``mesh`` and ``partition_spec`` for every tensor of that rank
+    (others stay replicated). ``minibatch=True``: each process loads only its part of the global batch.
+
+    Example::
+
+        loader = pl.MpDeviceLoader(loader, dev, input_sharding=xs.ShardingSpec(mesh, ("data", None)))
+    """
+
+    mesh: Mesh
+    partition_spec: tuple
+    minibatch: bool = False
+
+    def can_apply(self, t: torch.Tensor) -> bool:
+        """Whether the spec fits ``t`` (same rank)."""
+        return len(t.shape) == len(self.partition_spec)
+
+    def apply(self, t: torch.Tensor) -> None:
+        """Annotate the device tensor ``t``."""
+        mark_sharding(t, self.mesh, self.partition_spec)
+
+    def _annotate(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "lazyxla" and self.can_apply(t):
+            mark_sharding(t, self.mesh, self.partition_spec)
+        return t
+
+    def _move(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A CPU batch tensor on the device, laid out by the spec."""
+        if not self.can_apply(t):
+            return t.to(device)
+        if self.minibatch:
+            return lazyxla.spmd.from_local(t, self.mesh.lazyxla_mesh, self.mesh._spec(self.partition_spec))
+        out = t.to(device)
+        mark_sharding(out, self.mesh, self.partition_spec)
+        return out
+
+
+_ALTERNATIVE = "xs.mark_sharding(t, mesh, spec) / lazyxla.spmd.mark_sharding, lazyxla.spmd.fsdp(module, mesh)"
+XLAShardedTensor = stub("torch_xla.distributed.spmd.XLAShardedTensor", _ALTERNATIVE)
+xla_distribute_tensor = stub("torch_xla.distributed.spmd.xla_distribute_tensor", _ALTERNATIVE)
+xla_distribute_module = stub("torch_xla.distributed.spmd.xla_distribute_module", _ALTERNATIVE)
+auto_policy = stub("torch_xla.distributed.spmd.auto_policy", _ALTERNATIVE)
+enable_manual_sharding = stub("torch_xla.distributed.spmd.enable_manual_sharding", "lazyxla.spmd.from_local")
+disable_manual_sharding = stub("torch_xla.distributed.spmd.disable_manual_sharding", _ALTERNATIVE)
+
+
+def __getattr__(name: str):
+    raise missing_attribute(__name__, name)

@@ -1,0 +1,6 @@
+"""``torch_xla.utils`` on lazyxla: the helpers of ``torch_xla.utils.utils`` training scripts use.
+
+Example::
+
+    import torch_xla.utils.utils as xu
+"""
