@@ -3,6 +3,9 @@
 The chain is ``n`` calls on a 16x16 float32 tensor cycling through ``x = x * 1.0001``,
 ``x = x + 0.0001``, ``x = sin(x)`` (one op each), i.e. ``x = x * 1.0001 + 0.0001`` alternating with
 ``x = torch.sin(x)``. Every number is wall time divided by ``n``.
+
+The compiled rows run the same chain as one function under ``torch.compile(backend="lazyxla")``: a call
+records one IR op for the whole chain, so its recording cost per torch call is the call's cost / ``n``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,22 @@ def _eager_sampler(n: int) -> Callable[[], dict[str, float]]:
 def _lazyxla_sampler(n: int) -> Callable[[], dict[str, float]]:
     import torch
 
+    return _device_sampler(n, lambda x: chain(x, n, torch.sin))
+
+
+def _compiled_sampler(n: int) -> Callable[[], dict[str, float]]:
+    import torch
+
+    import lazyxla  # noqa: F401  (registers the "lazyxla" torch.compile backend)
+
+    return _device_sampler(n, torch.compile(lambda x: chain(x, n, torch.sin), backend="lazyxla"))
+
+
+def _device_sampler(n: int, run: Callable) -> Callable[[], dict[str, float]]:
+    """Time ``run`` (lazy mode, or a torch.compile'd function) on a fresh device input: the recording
+    loop, then the sync and read."""
+    import torch
+
     import lazyxla
 
     dev = lazyxla.device()
@@ -70,7 +89,7 @@ def _lazyxla_sampler(n: int) -> Callable[[], dict[str, float]]:
         lazyxla.sync(wait=True)
         before = lazyxla.metrics.counters()
         t0 = time.perf_counter()
-        y = chain(x0, n, torch.sin)
+        y = run(x0)
         t1 = time.perf_counter()
         lazyxla.sync()
         y.cpu()
@@ -81,6 +100,7 @@ def _lazyxla_sampler(n: int) -> Callable[[], dict[str, float]]:
             "total": (t2 - t0) / n,
             "compiles": after["compiles"] - before["compiles"],
             "ops_recorded": after["ops_recorded"] - before["ops_recorded"],
+            "graph_calls": after.get("dynamo_calls", 0) - before.get("dynamo_calls", 0),
         }
 
     return sample
@@ -115,6 +135,8 @@ def run(n: int, repeats: int) -> dict[str, Any]:
       ``lazyxla.sync()`` + ``.cpu()`` (the sync compiles the chain);
     - lazyxla warm: the same chain again on a fresh input of the same shape (compiled program from the
       in-memory cache), loop alone and loop + sync + read;
+    - lazyxla compiled: the chain as one function under ``torch.compile(backend="lazyxla")``; cold (Dynamo,
+      AOTAutograd, the trace into lazyxla's IR, XLA compile) and warm (a call records one op);
     - jax: the chain under one ``jax.jit``, cold (trace + compile + run + read, once) and warm (call +
       read); and op by op without jit, for reference.
 
@@ -122,8 +144,10 @@ def run(n: int, repeats: int) -> dict[str, Any]:
     """
     lazy = _lazyxla_sampler(n)
     cold = lazy()  # before anything else compiles or warms this chain
+    compiled = _compiled_sampler(n)
+    compiled_cold = compiled()  # its program holds one op for the chain: compiled apart from lazy mode's
     jax_sample, jax_cold = _jax_sampler(n)
-    samplers = {"eager": _eager_sampler(n), "lazyxla": lazy, "jax": jax_sample}
+    samplers = {"eager": _eager_sampler(n), "lazyxla": lazy, "compiled": compiled, "jax": jax_sample}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
@@ -142,6 +166,17 @@ def run(n: int, repeats: int) -> dict[str, Any]:
             "compiles_cold": cold["compiles"],
             "compiles_warm": sum(s["compiles"] for s in samples["lazyxla"]),
             "ops_recorded_per_chain": cold["ops_recorded"],
+        },
+        "lazyxla_compiled": {
+            "cold_loop": _summary([compiled_cold["loop"]]),
+            "cold_total": _summary([compiled_cold["total"]]),
+            "warm_loop": col("compiled", "loop"),
+            "warm_total": col("compiled", "total"),
+            "compiles_cold": compiled_cold["compiles"],
+            "compiles_warm": sum(s["compiles"] for s in samples["compiled"]),
+            "ops_recorded_cold": compiled_cold["ops_recorded"],
+            "ops_recorded_warm": max(s["ops_recorded"] for s in samples["compiled"]),
+            "graph_calls_warm": max(s["graph_calls"] for s in samples["compiled"]),
         },
         "jax": {
             "jit_cold_total": _summary([jax_cold]),

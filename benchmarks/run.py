@@ -3,12 +3,14 @@
 Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup N] [--repeats N]``
 (``make bench``). Sections, each printed as a table with medians, min–max and ratios to jax.jit:
 
-(a), (b) a training step of an MLP and of a small GPT, the frameworks' steps interleaved in rounds;
+(a), (b) a training step of an MLP and of a small GPT, the frameworks' steps interleaved in rounds: jax.jit,
+    eager, lazyxla (lazy mode) and lazyxla compiled (model + loss under torch.compile(backend="lazyxla"),
+    the optimizer in lazy mode), with each torch step's host time before the sync (recording);
 (c) time to the first step (tracing + compile) in a fresh process per framework and model, and for
     lazyxla also with a warm persistent compilation cache;
-(d) recording cost: a chain of tiny ops, µs per op;
+(d) recording cost: a chain of tiny ops, µs per op (lazy mode, and the chain under torch.compile);
 (e) peak memory of a short training run, from the same fresh processes as (c);
-(f) lazyxla's compiles per step (none after step 2 is the target);
+(f) lazyxla's compiles per step, lazy and compiled (none after step 2 is the target);
 (g) overlap: lazyxla's step with each loss read at once vs one step late (recording step N+1 while the
     device runs step N).
 
@@ -37,6 +39,7 @@ from benchmarks.child import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEPS_SHOWN = 5
+LAZY_FRAMEWORKS = ("lazyxla", "lazyxla compiled")  # the frameworks whose compiles per step are counted
 # Idle OpenMP workers (PyTorch's) sleep instead of spinning: three runtimes share this process and the
 # cores, and spinning workers slowed the other runtimes' steps (and eager's own) several-fold on 2 cores.
 ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -175,24 +178,26 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
     """(a)/(b) and (f): warm-up, then ``settings.steps`` rounds, each running every framework's step once.
 
     The order within a round rotates, so no framework always runs right after the same other one.
-    Returns the per-framework timings and lazyxla's compiles per step.
+    Returns the per-framework timings (and, for the torch steps, their host time before the sync) and
+    lazyxla's compiles per step (lazy mode; and the compiled path's under ``"compiled"``).
     """
     import lazyxla
 
     spec = settings.spec(model)
     steps = {fw: S.make_step(fw, model, spec) for fw in S.FRAMEWORKS}
     lazyxla.metrics.reset()
-    compiles: list[int] = []
+    compiles: dict[str, list[int]] = {fw: [] for fw in LAZY_FRAMEWORKS}
     losses: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
     times: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
+    records: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
 
     def call(fw: str) -> float:
         before = lazyxla.metrics.counters()["compiles"]
         t = time.perf_counter()
         losses[fw].append(steps[fw]())
         elapsed = time.perf_counter() - t
-        if fw == "lazyxla":
-            compiles.append(lazyxla.metrics.counters()["compiles"] - before)
+        if fw in compiles:
+            compiles[fw].append(lazyxla.metrics.counters()["compiles"] - before)
         return elapsed
 
     for _ in range(settings.warmup):
@@ -202,6 +207,9 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
     for r in range(settings.steps):
         for fw in S.FRAMEWORKS[r % n :] + S.FRAMEWORKS[: r % n]:
             times[fw].append(call(fw))
+            recorded = getattr(steps[fw], "record_s", None)
+            if recorded is not None:
+                records[fw].append(recorded)
     counters = lazyxla.metrics.counters()
     result: dict[str, Any] = {
         "description": spec.describe(),
@@ -211,23 +219,31 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
         "frameworks": {},
     }
     floor = R.summary(times["jax.jit"])["median_ms"]
+    lazy = R.summary(times["lazyxla"])["median_ms"]
     for fw in S.FRAMEWORKS:
         row = R.summary(times[fw])
         row["ratio_to_jax"] = R.ratio(row["median_ms"], floor)
+        row["ratio_to_lazyxla"] = R.ratio(row["median_ms"], lazy)
+        row["record"] = R.summary(records[fw]) if records[fw] else None  # host time before the sync
         row["first_loss"], row["last_loss"] = losses[fw][0], losses[fw][-1]
         result["frameworks"][fw] = row
     result["lazyxla_fallbacks"] = {k: v for k, v in counters.items() if k.startswith("fallback.")}
     result["lazyxla_timers"] = lazyxla.metrics.timers()
-    comp = {
-        "per_step": compiles,
-        "first_steps": compiles[:FIRST_STEPS_SHOWN],
-        "after_step_2": sum(compiles[2:]),
-        "steps": len(compiles),
-    }
+    comp = _compiles_summary(compiles["lazyxla"])
+    comp["compiled"] = _compiles_summary(compiles["lazyxla compiled"])
     steps.clear()
     gc.collect()
     lazyxla.sync(wait=True)
     return result, comp
+
+
+def _compiles_summary(per_step: list[int]) -> dict[str, Any]:
+    return {
+        "per_step": per_step,
+        "first_steps": per_step[:FIRST_STEPS_SHOWN],
+        "after_step_2": sum(per_step[2:]),
+        "steps": len(per_step),
+    }
 
 
 def _meta(args: argparse.Namespace, settings: S.Settings) -> dict[str, Any]:
@@ -269,18 +285,29 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
     rows = []
     for fw, r in res["frameworks"].items():
         rng = R.fmt_range(r["min_ms"], r["max_ms"])
-        rows.append([fw, R.fmt(r["median_ms"]), rng, R.fmt(r["ratio_to_jax"]), R.fmt(r["last_loss"], 5)])
+        record = (r.get("record") or {}).get("median_ms")
+        cells = [fw, R.fmt(r["median_ms"]), rng, R.fmt(r["ratio_to_jax"]), R.fmt(r.get("ratio_to_lazyxla"))]
+        rows.append([*cells, R.fmt(record), R.fmt(r["last_loss"], 5)])
     fallbacks = ", ".join(f"{k}={v}" for k, v in res["lazyxla_fallbacks"].items()) or "none"
     notes = [
         f"lazyxla compiles in steps 1..{len(comp['first_steps'])}: {comp['first_steps']}; "
         f"after step 2: {comp['after_step_2']} (over {comp['steps']} steps); CPU fallbacks: {fallbacks}",
+        "lazyxla compiled: model + loss under torch.compile(backend='lazyxla') (one forward and one backward IR "
+        "op per step), optimizer in lazy mode.",
+        "record ms: host time of a step before its sync (forward, backward, optimizer; eager computes meanwhile).",
     ]
+    if "compiled" in comp:
+        c = comp["compiled"]
+        notes.append(
+            f"lazyxla compiled: compiles in steps 1..{len(c['first_steps'])}: {c['first_steps']}; "
+            f"after step 2: {c['after_step_2']}"
+        )
     title = (
         f"({tag}) {res['description']}\n"
         f"    {res['steps']} measured steps per framework after {res['warmup']} warm-up, interleaved; "
         "each step synced and its loss read"
     )
-    header = ["framework", "median ms", "min–max ms", "x jax.jit", "loss at end"]
+    header = ["framework", "median ms", "min–max ms", "x jax.jit", "x lazyxla", "record ms", "loss at end"]
     return R.table(title, header, rows, notes)
 
 
@@ -360,6 +387,16 @@ def recording_table(rec: dict) -> str:
         ("lazyxla cold, loop + sync + read", lz["cold_total"]),
         ("lazyxla warm, loop (recording)", lz["warm_loop"]),
         ("lazyxla warm, loop + sync + read", lz["warm_total"]),
+    ]
+    cz = rec.get("lazyxla_compiled")
+    if cz:
+        entries += [
+            ("lazyxla compiled cold, call (Dynamo + trace)", cz["cold_loop"]),
+            ("lazyxla compiled cold, call + sync + read", cz["cold_total"]),
+            ("lazyxla compiled warm, call (recording)", cz["warm_loop"]),
+            ("lazyxla compiled warm, call + sync + read", cz["warm_total"]),
+        ]
+    entries += [
         ("jax.jit cold, trace+compile+run+read", jx["jit_cold_total"]),
         ("jax.jit warm, call + read", jx["jit_warm_total"]),
         ("jax op by op (no jit) + read", jx["op_by_op_total"]),
@@ -382,6 +419,12 @@ def recording_table(rec: dict) -> str:
         f"lazyxla recorded {lz['ops_recorded_per_chain']} ops per chain; compiles: cold {lz['compiles_cold']}, "
         f"warm {lz['compiles_warm']} (target 0).",
     ]
+    if cz:
+        notes.append(
+            f"lazyxla compiled: the chain under torch.compile(backend='lazyxla'); a warm call records "
+            f"{cz['ops_recorded_warm']} ops and {cz['graph_calls_warm']} compiled-graph op (the first call traced "
+            f"{cz['ops_recorded_cold']}); compiles: cold {cz['compiles_cold']}, warm {cz['compiles_warm']}."
+        )
     title = (
         f"(d) recording cost: chain of {rec['ops']} torch calls on a {rec['shape'][0]}x{rec['shape'][1]} float32 tensor"
     )
@@ -396,7 +439,10 @@ def compiles_table(compiles: dict, first: dict | None) -> str:
         cells = [model, str(c["first_steps"]), str(c["after_step_2"]), str(c["steps"])]
         cold = (first or {}).get(model, {}).get("lazyxla (cache off)", {}).get("compiles_per_step")
         rows.append([*cells, str(cold) if cold is not None else "-"])
-    title = "(f) lazyxla compiles per step (target: none after step 2)"
+        if "compiled" in c:
+            cc = c["compiled"]
+            rows.append([f"{model} compiled", str(cc["first_steps"]), str(cc["after_step_2"]), str(cc["steps"]), "-"])
+    title = "(f) lazyxla compiles per step, lazy mode and torch.compile (target: none after step 2)"
     header = ["model", f"steps 1..{FIRST_STEPS_SHOWN}", "after step 2", "steps", "fresh process (c)"]
     return R.table(title, header, rows)
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
+FRAMEWORKS = ("jax.jit", "eager", "lazyxla", "lazyxla compiled")
+# lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
 MODELS = ("mlp", "gpt")
 
 
@@ -151,7 +152,9 @@ def gpt_batch(spec: GPTSpec, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 def make_step(framework: str, model: str, spec: MLPSpec | GPTSpec) -> Callable[[], float]:
     """A training step of ``model`` in ``framework``: each call runs one step, syncs and returns the loss.
 
-    Imports only what ``framework`` needs (jax for 'jax.jit'; torch, plus lazyxla for 'lazyxla').
+    Imports only what ``framework`` needs (jax for 'jax.jit'; torch, plus lazyxla for 'lazyxla' and
+    'lazyxla compiled'). A torch step also keeps, as ``step.record_s``, the seconds its last call spent
+    before the sync (recording for lazyxla; the whole computation for eager).
     """
     if framework == "jax.jit":
         from benchmarks import jax_models

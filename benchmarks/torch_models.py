@@ -1,7 +1,9 @@
-"""The benchmark models in PyTorch, run eagerly on the CPU or lazily on the lazyxla device."""
+"""The benchmark models in PyTorch, run eagerly on the CPU or lazily on the lazyxla device (op by op, or
+with model + loss under ``torch.compile(backend="lazyxla")``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -63,7 +65,7 @@ def _mlp(spec: S.MLPSpec) -> nn.Module:
 def _device(framework: str) -> torch.device:
     if framework == "eager":
         return torch.device("cpu")
-    if framework == "lazyxla":
+    if framework in ("lazyxla", "lazyxla compiled"):
         import lazyxla
 
         return lazyxla.device()
@@ -71,11 +73,14 @@ def _device(framework: str) -> torch.device:
 
 
 def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
-    """``(record, sync)`` for ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla').
+    """``(record, sync)`` for ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or
+    'lazyxla compiled').
 
     ``record()`` runs forward, backward, the optimizer step and ``zero_grad`` and returns the loss
     tensor (unread); ``sync`` is ``lazyxla.sync`` (a no-op for eager). Parameters and the batch come
     from :mod:`benchmarks.spec` and are on the device when this returns (for lazyxla, waited for).
+    'lazyxla compiled' runs model + loss as ``torch.compile(..., backend="lazyxla")`` (one forward and
+    one backward IR op per step); the optimizer step stays in lazy mode.
     """
     dev = _device(framework)
     if model == "mlp":
@@ -93,14 +98,19 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
     opt = make_opt(net.parameters())
     x, y = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
     sync = lambda: None
-    if framework == "lazyxla":
+    forward = lambda a, b: loss_fn(net(a), b)
+    if framework in ("lazyxla", "lazyxla compiled"):
         import lazyxla
 
         sync = lazyxla.sync
         lazyxla.sync(wait=True)
+    if framework == "lazyxla compiled":
+        from lazyxla import dynamo  # noqa: F401  (registers the "lazyxla" backend; importing lazyxla does too)
+
+        forward = torch.compile(forward, backend="lazyxla")
 
     def record() -> torch.Tensor:
-        loss = loss_fn(net(x), y)
+        loss = forward(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -110,13 +120,17 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
 
 
 def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callable[[], float]:
-    """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager' or 'lazyxla'): forward,
-    backward, the optimizer step, ``lazyxla.sync()`` on lazyxla; returns ``loss.item()``."""
+    """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or 'lazyxla
+    compiled'): forward, backward, the optimizer step, ``lazyxla.sync()`` on lazyxla; returns
+    ``loss.item()``. ``step.record_s``: the seconds the last call spent before the sync."""
     record, sync = setup(model, spec, framework)
 
     def step() -> float:
+        start = time.perf_counter()
         loss = record()
+        step.record_s = time.perf_counter() - start
         sync()
         return loss.item()
 
+    step.record_s = None
     return step

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from lazyxla import _core, debug, lowering, metrics, profiler, runtime, spmd  # noqa: F401  (lowering fills the rule table)
+from lazyxla import (  # noqa: F401  (lowering fills the rule table)
+    _core,
+    debug,
+    dynamo,  # noqa: F401  (the torch.compile backend "lazyxla")
+    lowering,
+    metrics,
+    profiler,
+    runtime,
+    spmd,
+)
 from lazyxla.collectives import (
     ReduceOp,
     all_gather,

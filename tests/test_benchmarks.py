@@ -17,6 +17,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
+TRAINING_FRAMEWORKS = (*FRAMEWORKS, "lazyxla compiled")  # (a), (b): also torch.compile(backend="lazyxla")
 MODELS = ("mlp", "gpt")
 
 
@@ -59,9 +60,11 @@ def test_every_section_is_there(results):
 @pytest.mark.parametrize("model", MODELS)
 def test_training_steps(results, model):
     res = results["training"][model]
-    assert set(res["frameworks"]) == set(FRAMEWORKS)
+    assert set(res["frameworks"]) == set(TRAINING_FRAMEWORKS)
     for fw, row in res["frameworks"].items():
         _stats(row, "ms")
+        if fw != "jax.jit":
+            _stats(row["record"], "ms")  # host time before the sync
         assert row["samples"] == res["steps"] >= 1
         assert _positive(row["ratio_to_jax"]), fw
         assert _positive(row["last_loss"]), fw
@@ -76,6 +79,7 @@ def test_compiles_per_step(results, model):
     assert comp["steps"] == len(comp["per_step"]) >= 3
     assert comp["per_step"][0] >= 1  # the first step compiles
     assert comp["after_step_2"] == sum(comp["per_step"][2:]) == 0
+    assert comp["compiled"]["per_step"][0] >= 1 and comp["compiled"]["after_step_2"] == 0
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -118,6 +122,10 @@ def test_recording(results):
     assert rec["lazyxla"]["compiles_cold"] >= 1
     assert rec["lazyxla"]["compiles_warm"] == 0
     assert rec["lazyxla"]["ops_recorded_per_chain"] > 0
+    compiled = rec["lazyxla_compiled"]
+    for key in ("cold_loop", "cold_total", "warm_loop", "warm_total"):
+        _stats(compiled[key], "us")
+    assert compiled["compiles_warm"] == 0 and compiled["ops_recorded_warm"] == 0 and compiled["graph_calls_warm"] == 1
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -239,8 +239,10 @@ def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
     if getattr(original, "_lazyxla", False):
         return
 
+    from torch._subclasses.fake_tensor import is_fake
+
     def _str(self, *, tensor_contents=None):
-        if self.device.type != NAME:
+        if self.device.type != NAME or is_fake(self):  # fake tensors (torch.compile's tracing) have no values
             return original(self, tensor_contents=tensor_contents)
         text = original(to_cpu(self), tensor_contents=tensor_contents)
         extra = [f"device='{self.device}'"]

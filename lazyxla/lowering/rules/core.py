@@ -39,8 +39,8 @@ def convert(x, dtype):
     return wide_value.astype(dtype)
 
 
-@lowers(aten._to_copy.default)
-def _to_copy(ctx, x, **_):
+@lowers(aten._to_copy.default, torch.ops.prims.convert_element_type.default)  # prims: in torch.compile graphs
+def _to_copy(ctx, x, *_, **__):
     return convert(x, ctx.dtype)
 
 

@@ -1,0 +1,652 @@
+"""``torch.compile(model, backend="lazyxla")``: Dynamo graphs as single ops of lazyxla's lazy IR.
+
+Example::
+
+    model = GPT().to(lazyxla.device())
+    step = torch.compile(lambda x, y: loss_fn(model(x), y), backend="lazyxla")
+    loss = step(x, y); loss.backward(); opt.step(); opt.zero_grad()
+    lazyxla.sync()                  # forward, backward and the optimizer step: one XLA program
+
+Design
+------
+Dynamo captures graphs of the user's code; AOTAutograd turns each into functional ATen graphs: one for
+inference, or a forward and a backward for training. Its decompositions are the core-ATen ones of ops
+that have no lowering rule (what lazy mode would decompose). Each FX graph becomes a
+:class:`CompiledGraph`, the function AOTAutograd calls at run time with lazyxla tensors
+(functionalization wrappers around ``LazyTensor`` objects).
+
+The first call for an input signature (the tensors' shapes and dtypes, the numbers' values) *traces*
+the FX graph through lazy mode itself: it runs on placeholder tensors, so every ATen op goes through
+the recorder (the same special cases, meta kernels, decompositions and rule table as lazy mode), and
+the IR it records, from the placeholders to the outputs, is kept as a ``_Trace``. Its jax function
+interprets those nodes with :func:`lazyxla.lowering.to_jax.apply` inside one ``jax.jit``.
+
+Every call (the first included) then records ONE node: the op ``torch.ops.lazyxla.compiled_graph(inputs,
+digest)``, whose inputs are the call's tensors, the trace's constant device arrays and one fresh RNG key
+per random op, and whose outputs are the graph's results (an output that is an input is returned as
+that input). Its lowering rule calls the trace's jitted function, so at ``lazyxla.sync()`` the forward,
+the backward, the optimizer step (lazy mode, outside the compiled function) and all else pending still
+become one XLA program, cached by graph key like any lazy step. The op's constant argument is a digest
+of the traced IR (ops, constant arguments, shapes, wiring, constant scalars), the same in every
+process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
+call records no ATen op (``ops_recorded`` does not move); it counts ``dynamo_calls``.
+
+Inputs: Python floats inside a graph are its constants (Dynamo specializes on them) and are baked into
+the trace; a float Dynamo passes as a 0-d CPU tensor goes to the device each call, as lazy mode takes
+0-d CPU tensors. Graphs with symbolic sizes (after a shape change Dynamo recompiles with dynamic
+shapes) are traced per concrete shape, up to ``_MAX_SIGNATURES`` per graph. Random ops draw from the
+same stream as lazy mode (``torch.manual_seed``): a new key per random op per call.
+
+Fallback: a graph that cannot be one op runs op by op in lazy mode instead (the FX graph module called
+on the lazyxla tensors; warned once per graph, counted as ``dynamo_op_by_op_calls``): an op with no
+rule and no decomposition (lazy mode runs it on the CPU), a replica collective (lowered over the run's
+replicas, outside any one op), a host read, tensors off the device. Graph breaks are Dynamo's: the code
+between graphs runs eagerly, that is in lazy mode. Tensors a failed trace leaves alive are made error
+leaves, which syncs skip.
+
+PyTorch integration (private APIs, checked against the torch version): lazyxla tensors are fakified as
+XLA's are (``_install_fakification``), and lazyxla's and jax's files are in Dynamo's skip list, since the
+code run eagerly at a graph break calls lazyxla's Python recorder and Dynamo must not trace it.
+``register()`` puts the backend in Dynamo's registry and the skip list, at once if ``torch._dynamo`` is
+loaded, else when it is (importing it costs ~1 s that lazy-mode programs do not pay). Installed packages
+also name the backend in the ``torch_dynamo_backends`` entry-point group (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch._decomp
+
+from lazyxla.collectives.ops import COLLECTIVE_OPS
+from lazyxla.config import config
+from lazyxla.lazy import diagnostics, metrics, rng
+from lazyxla.lazy.graph import plan_values
+from lazyxla.lazy.ir import IN, Leaf, canonical, leaf, node, op_hash
+from lazyxla.lazy.record import _from_cpu, status_of
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.lowering import to_jax
+from lazyxla.lowering.registry import RULES, lowers
+
+BACKEND = "lazyxla"
+
+# ---- the op a compiled graph call records --------------------------------------------------------------
+
+_lib = torch.library.Library("lazyxla", "FRAGMENT")
+_lib.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
+OP = torch.ops.lazyxla.compiled_graph.default
+
+_TRACES: dict[str, _Trace] = {}  # digest -> trace, for the lowering rule
+
+
+@lowers(OP)
+def _compiled_graph(ctx, inputs, graph):
+    """One call of a compiled FX graph: the trace's jitted jax function on the call's arrays."""
+    trace = _TRACES.get(graph)
+    if trace is None:
+        raise RuntimeError(f"lazyxla: no traced graph {graph} in this process (a torch.compile graph of another run?)")
+    return list(trace.jax_fn(ctx.axis, ctx.world)(*inputs))
+
+
+# ---- fakification of lazyxla tensors --------------------------------------------------------------------
+
+_SUPPORTED_TORCH = ((2, 13), (2, 14))  # minor versions whose fake-tensor describer was checked
+
+
+def _install_fakification() -> None:
+    """Describe lazyxla tensors to PyTorch's fake-tensor converter as XLA tensors are: by their own
+    metadata, not as a functional wrapper around an inner tensor.
+
+    PyTorch's ``MetaConverter`` builds a fake functional tensor for a functional tensor of any device
+    type but ``xla`` and ``lazy``, mirroring its autograd metadata; for a parameter (a leaf that
+    requires grad) the mirror is not a leaf and Dynamo fails with ``AssertionError: True != False``.
+    """
+    from torch._subclasses import meta_utils
+
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version not in _SUPPORTED_TORCH:
+        warnings.warn(
+            f"lazyxla.dynamo: torch {torch.__version__} was not checked (checked: "
+            f"{', '.join('.'.join(map(str, v)) for v in _SUPPORTED_TORCH)}); torch.compile on lazyxla tensors "
+            "may fail to fakify parameters",
+            stacklevel=2,
+        )
+    describer = meta_utils.MetaTensorDescriber
+    original = describer.describe_tensor
+    if getattr(original, "_lazyxla", False):
+        return
+
+    is_functional = torch._is_functional_tensor
+
+    def not_functional_here(t) -> bool:
+        return is_functional(t) and t.device.type != BACKEND
+
+    @functools.wraps(original)
+    def describe_tensor(self, t, *, recurse=True, trace=False):
+        if t.device.type != BACKEND or not is_functional(t):
+            return original(self, t, recurse=recurse, trace=trace)
+        # described by its own metadata (views included: their base is described the same way)
+        previous, torch._is_functional_tensor = torch._is_functional_tensor, not_functional_here
+        try:
+            return original(self, t, recurse=recurse, trace=trace)
+        finally:
+            torch._is_functional_tensor = previous
+
+    describe_tensor._lazyxla = True
+    describer.describe_tensor = describe_tensor
+
+
+# ---- tracing an FX graph into lazy IR -----------------------------------------------------------------
+
+
+class _Placeholder(RuntimeError):
+    """The payload of a traced graph's input leaves: reading one means the trace needed a value."""
+
+    def __init__(self) -> None:
+        super().__init__("a torch.compile graph tried to read a tensor's value while it was being traced")
+
+
+class _NotOneOp(Exception):
+    """This graph (for these inputs) cannot become one IR op; it runs op by op. The message says why."""
+
+
+@dataclasses.dataclass
+class _Trace:
+    """An FX graph traced for one input signature: lazy IR from placeholder leaves to the outputs."""
+
+    digest: str  # stable name of the traced IR: the op's constant argument, part of the node hash
+    order: list  # computation nodes, post-order
+    leaves: list  # every leaf the outputs depend on
+    used: tuple[int, ...]  # graph inputs the outputs depend on (positions in the call's arguments)
+    consts: list  # LazyTensors holding the constant device arrays the graph reads (kept: never donated)
+    n_keys: int  # random ops: one fresh key each per call
+    results: list  # the values the op computes, (node, index)
+    outputs: list  # per graph output: ("result", k) | ("input", i) | ("const", value)
+    avals: tuple  # the op's output avals
+    device: int
+    _fns: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.used) + len(self.consts) + self.n_keys
+        self.template = ((tuple(IN[:n]), self.digest), ())
+        self.base = op_hash(OP, canonical(self.template), self.device)  # the node hash's op part
+
+    def jax_fn(self, axis=None, world: int = 1) -> Callable:
+        """The jitted jax function: arrays of (used inputs, constants, keys) -> the results' arrays."""
+        fn = self._fns.get((axis, world))
+        if fn is None:
+            fn = self._fns[(axis, world)] = jax.jit(functools.partial(self._interpret, axis, world))
+        return fn
+
+    def _interpret(self, axis, world, *arrays):
+        env: dict[int, Any] = {}
+        k = 0
+        for n in self.leaves:  # leaves in the order of ``_arg_leaves``
+            if n.op is Leaf.SCALAR:
+                continue
+            env[id(n)] = (arrays[k],)
+            k += 1
+        for n in self.order:
+            if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
+                dt = to_jax._scalar_dtype(n)
+                ins = [jnp.asarray(m.payload, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
+            else:
+                ins = [env[id(m)][i] for m, i in n.inputs]
+            env[id(n)] = to_jax.apply(n, ins, axis, world)
+        return tuple(env[id(m)][i] for m, i in self.results)
+
+
+def _leaf_kind(n, placeholders: dict[int, int]) -> str:
+    if id(n) in placeholders:
+        return "input"
+    if n.op is Leaf.SCALAR:
+        return "scalar"
+    if n.op is Leaf.RNG:
+        return "key"
+    if n.op is Leaf.DATA and n.payload is not None:
+        return "const"
+    raise _NotOneOp(f"the graph reads a value that is not computed ({n!r})")
+
+
+def _digest(order, leaves, results, placeholders: dict[int, int], device: int) -> str:
+    """A name for the traced IR that is the same in every process (op reprs, canonical templates,
+    avals, wiring by position, the constant scalars' values)."""
+    names: dict[int, int] = {}
+    lines = [f"device {device}"]
+    for n in leaves:
+        names[id(n)] = len(names)
+        kind = _leaf_kind(n, placeholders)
+        extra = placeholders[id(n)] if kind == "input" else (repr(n.payload) if kind == "scalar" else "")
+        lines.append(f"{kind} {extra} {n.avals[0]}")
+    for n in order:
+        names[id(n)] = len(names)
+        wiring = [(names[id(m)], i) for m, i in n.inputs]
+        lines.append(f"{n.op} {canonical(n.template)!r} {wiring} {n.avals}")
+    lines.append(repr([(names[id(m)], i) for m, i in results]))
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=16).hexdigest()
+
+
+def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tuple[list, list]:
+    """The graph's outputs (("value", k) | ("input", i) | ("const", x)) and the IR values it computed."""
+    syncs = metrics.counters()["syncs"]
+    try:
+        # (autocast off: the graph holds the casts autocast made when it was captured)
+        with config.override(strict=True), torch.no_grad(), torch._C._DisableAutocast():
+            out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
+    except Exception as e:
+        raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None
+    if metrics.counters()["syncs"] != syncs:
+        raise _NotOneOp("tracing it synced (a host read or a CPU fallback)")
+    outputs: list = []
+    values: list = []
+    for o in out if isinstance(out, (list, tuple)) else [out]:
+        if not isinstance(o, torch.Tensor):
+            outputs.append(("const", o))
+            continue
+        if o.device.type != BACKEND:
+            raise _NotOneOp(f"an output is on {o.device}")
+        value = unwrap(o)._value
+        if id(value[0]) in placeholders:
+            outputs.append(("input", placeholders[id(value[0])]))
+        else:
+            outputs.append(("value", len(values)))
+            values.append(value)
+    return outputs, values
+
+
+def _disarm(placeholders: dict[int, int]) -> None:
+    """Tensors made by a trace that are still alive (held by a reference cycle, or by an exception's
+    traceback) must never reach a sync: their values read the placeholders. Every live pending tensor
+    whose graph reaches a placeholder becomes an error leaf, which syncs skip."""
+    memo: dict[int, bool] = {}
+    for t in live_tensors():
+        n, i = t._value
+        if type(n.op) is not Leaf and _reaches(n, placeholders, memo):
+            t._value = (leaf(Leaf.ERROR, _Placeholder(), n.avals[i], n.device), 0)
+
+
+def _reaches(root, targets, memo: dict[int, bool]) -> bool:
+    """Whether ``root``'s graph has a leaf in ``targets`` (ids); ``memo`` is shared between calls."""
+    stack = [(root, False)]
+    while stack:
+        n, expanded = stack.pop()
+        k = id(n)
+        if expanded:
+            memo[k] = any(memo[id(m)] for m, _ in n.inputs)
+        elif k not in memo:
+            if type(n.op) is Leaf:
+                memo[k] = k in targets
+            else:
+                stack.append((n, True))
+                stack.extend((m, False) for m, _ in n.inputs if id(m) not in memo)
+    return memo[id(root)]
+
+
+def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
+    """Run ``gm`` on placeholder lazyxla tensors shaped like ``lazies`` (numbers as they are) and keep
+    the IR it records."""
+    holders = [
+        LazyTensor((leaf(Leaf.ERROR, _Placeholder(), t._aval, device), 0), t._aval) if type(t) is LazyTensor else t
+        for t in lazies
+    ]
+    placeholders = {id(h._value[0]): i for i, h in enumerate(holders) if type(h) is LazyTensor}
+    state = rng.get_state()
+    try:
+        outputs, values = _run_on_placeholders(gm, holders, placeholders)
+    finally:
+        rng.set_state(state)  # the trace's keys are never used: calls draw their own
+        _disarm(placeholders)
+    results, order, leaves, _ = plan_values(values)
+    kinds = [_leaf_kind(n, placeholders) for n in leaves]
+    if any(n.op in COLLECTIVE_OPS for n in order):
+        raise _NotOneOp("it holds a replica collective (those are lowered over the run's replicas)")
+    # the op's inputs: the used graph inputs, the constants, the keys (scalars are baked in)
+    arg_leaves = [n for n, k in zip(leaves, kinds) if k == "input"]
+    arg_leaves += [n for n, k in zip(leaves, kinds) if k == "const"]
+    arg_leaves += [n for n, k in zip(leaves, kinds) if k == "key"]
+    arg_leaves += [n for n, k in zip(leaves, kinds) if k == "scalar"]
+    position = {(id(m), i): k for k, (m, i) in enumerate(results)}
+    outputs = [("result", position[(id(values[x][0]), values[x][1])]) if w == "value" else (w, x) for w, x in outputs]
+    digest = _digest(order, arg_leaves, results, placeholders, device)
+    return _Trace(
+        digest=digest,
+        order=order,
+        leaves=arg_leaves,
+        used=tuple(placeholders[id(n)] for n, k in zip(leaves, kinds) if k == "input"),
+        consts=[LazyTensor((n, 0), n.avals[0]) for n, k in zip(leaves, kinds) if k == "const"],
+        n_keys=kinds.count("key"),
+        results=results,
+        outputs=outputs,
+        avals=tuple(m.avals[i] for m, i in results),
+        device=device,
+    )
+
+
+# ---- the function AOTAutograd calls ---------------------------------------------------------------------
+
+
+_NUMBERS = (int, float, bool)
+_NOT_AN_INPUT = object()
+
+
+def _lazy_input(t):
+    """The LazyTensor inside a lazyxla tensor argument; a 0-d CPU tensor or a Python number as it is;
+    else ``_NOT_AN_INPUT``."""
+    if type(t) is LazyTensor or type(t) in _NUMBERS:
+        return t
+    if isinstance(t, torch.Tensor):
+        if t.device.type == BACKEND and torch._is_functional_tensor(t):
+            torch._sync(t)
+            inner = torch._from_functional_tensor(t)
+            if type(inner) is LazyTensor:
+                return inner
+        elif t.device.type == "cpu" and t.dim() == 0 and not torch._is_functional_tensor(t):
+            return t
+    return _NOT_AN_INPUT
+
+
+_MAX_SIGNATURES = 64  # traces per graph; more input signatures run op by op (shapes that never settle)
+
+
+class CompiledGraph:
+    """An AOTAutograd FX graph (forward, backward or inference) as a lazyxla op.
+
+    Called with the graph's inputs (a list: AOTAutograd's boxed calling convention), it records one
+    ``lazyxla.compiled_graph`` node and returns lazyxla tensors of its outputs, pending until the next
+    ``lazyxla.sync()``. The first call for an input signature traces the graph (see the module doc).
+
+    Example::
+
+        compiled = CompiledGraph(gm, "forward")          # what the backend hands AOTAutograd
+        outs = compiled([x, w])                          # one IR node; values at lazyxla.sync()
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+        # an instance attribute: Dynamo's ``disable`` wrapper copies ``__dict__`` (not class attributes)
+        self._boxed_call = True
+        self.gm = gm
+        self.kind = kind
+        self.traces: dict[tuple, _Trace | str] = {}  # input signature -> trace, or why it runs op by op
+        self.why_op_by_op = self._static_reason(gm)
+        self.warned = False
+
+    @staticmethod
+    def _static_reason(gm: torch.fx.GraphModule) -> str | None:
+        """Why ``gm`` cannot be one op whatever its inputs, or None. (0-d CPU tensors are allowed inside:
+        Dynamo passes a Python float that changes between calls as one, and lazy mode takes them. Symbolic
+        sizes too: each call's concrete sizes are part of its signature, so a dynamic graph is traced per
+        shape, as lazy mode records per shape.)"""
+        for n in gm.graph.nodes:
+            val = n.meta.get("val")
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            for v in vals:
+                if isinstance(v, torch.Tensor) and v.device.type != BACKEND and (v.dim() or n.op == "output"):
+                    return f"{n.format_node()} makes a tensor on {v.device}"
+            if n.op == "call_function" and n.target in COLLECTIVE_OPS:
+                return f"{n.format_node()} is a replica collective"
+            if (
+                n.op == "call_function"
+                and isinstance(n.target, torch._ops.OpOverload)
+                and status_of(n.target) == "fallback"
+            ):
+                return f"{n.target} has no lowering rule nor decomposition (lazy mode runs it on the CPU)"
+        return None
+
+    def __call__(self, *args) -> list:
+        # boxed (one list: AOTAutograd's convention) or, through Dynamo's ``disable`` wrapper, unboxed
+        args = list(args[0]) if len(args) == 1 and type(args[0]) is list else list(args)
+        if self.why_op_by_op is not None:
+            return self._op_by_op(args, self.why_op_by_op)
+        lazies = [_lazy_input(a) for a in args]
+        device = next((t._value[0].device for t in lazies if type(t) is LazyTensor), None)
+        if device is None or any(t is _NOT_AN_INPUT for t in lazies):
+            return self._op_by_op(args, "an input is not a lazyxla tensor (nor a 0-d CPU tensor or a number)")
+        sig = [device]
+        for i, t in enumerate(lazies):
+            if type(t) is LazyTensor:
+                sig.append(t._aval)
+            elif type(t) in _NUMBERS:  # a symbolic size (or scalar): this call's value is a constant of its trace
+                sig.append((type(t), t))
+            else:  # a 0-d CPU tensor (a Python float Dynamo made an input)
+                lazies[i] = _from_cpu(t, device)
+                sig.append(lazies[i]._aval)
+        sig = tuple(sig)
+        trace = self.traces.get(sig)
+        if trace is None:
+            trace = self._trace(lazies, device)
+            if len(self.traces) < _MAX_SIGNATURES:
+                self.traces[sig] = trace
+        if type(trace) is str:
+            return self._op_by_op(args, trace)
+        return self._record(trace, lazies, device)
+
+    def _trace(self, lazies: list, device: int) -> _Trace | str:
+        if any(type(t) is LazyTensor and t._value[0].device != device for t in lazies):
+            return "its inputs are on several lazyxla devices"
+        if len(self.traces) >= _MAX_SIGNATURES:
+            return f"it was called with more than {_MAX_SIGNATURES} input signatures (shapes or sizes)"
+        try:
+            trace = _trace(self.gm, lazies, device)
+        except _NotOneOp as e:
+            metrics.inc("dynamo_op_by_op_graphs")
+            return str(e)
+        metrics.inc("dynamo_traces")
+        _TRACES[trace.digest] = trace
+        return trace
+
+    def _record(self, trace: _Trace, lazies: list[LazyTensor], device: int) -> list:
+        inputs = [lazies[i]._value for i in trace.used]
+        inputs += [c._value for c in trace.consts]
+        inputs += [(rng.next_key_leaf(device), 0) for _ in range(trace.n_keys)]
+        n = node(OP, tuple(inputs), trace.template, trace.avals, device, trace.base)
+        if config.explain_recompiles:
+            n.source = diagnostics.user_frame(2)
+        metrics.inc("dynamo_calls")
+        out = []
+        for how, x in trace.outputs:
+            if how == "result":
+                out.append(wrap(LazyTensor((n, x), trace.avals[x])))
+            elif how == "input":
+                out.append(wrap(LazyTensor(lazies[x]._value, lazies[x]._aval)))
+            else:
+                out.append(x)
+        return out
+
+    def _op_by_op(self, args: list, why: str) -> list:
+        """The fallback: run the FX graph on the call's tensors, each op recorded as in lazy mode."""
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"torch.compile(backend='lazyxla'): the compiled {self.kind} graph runs op by op in lazy mode "
+                f"(each call records every op; results are the same) because {why}",
+                stacklevel=2,
+            )
+        metrics.inc("dynamo_op_by_op_calls")
+        with torch.no_grad(), torch._C._DisableAutocast():
+            out = self.gm(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+# ---- the backend ----------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _decompositions() -> dict:
+    """Core-ATen decompositions of the ops lazy mode would decompose (no rule, not special-cased)."""
+    from lazyxla.lazy.record import SPECIAL_OPS
+
+    table = torch._decomp.core_aten_decompositions()
+    return {op: fn for op, fn in table.items() if op not in RULES and op not in SPECIAL_OPS}
+
+
+def _compiler(kind: str) -> Callable:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
+        metrics.inc("dynamo_graphs")
+        return CompiledGraph(gm, kind)
+
+    compile_graph.__name__ = f"lazyxla_{kind}_compiler"
+    return compile_graph
+
+
+@functools.cache
+def _aot_backend():
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=_decompositions(),
+        keep_inference_input_mutations=False,
+    )
+
+
+_warned = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def _uses_autocast(gm: torch.fx.GraphModule) -> bool:
+    """Whether autocast for lazyxla is on around the graph or entered inside it."""
+    if torch.is_autocast_enabled(BACKEND):
+        return True
+    return any(
+        n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast" and BACKEND in n.args
+        for n in gm.graph.nodes
+    )
+
+
+def lazyxla_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+    """The ``torch.compile`` backend ``"lazyxla"``: AOTAutograd, each forward/backward graph one lazy op.
+
+    Put the model and its inputs on the lazyxla device first; the compiled function's results are
+    lazy like any lazyxla tensor (computed at ``lazyxla.sync()``, or when read).
+
+    Example::
+
+        model = MyModel().to(lazyxla.device())
+        step = torch.compile(model, backend="lazyxla")
+        loss = loss_fn(step(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        lazyxla.sync()                      # forward, backward and optimizer: one XLA program
+    """
+    if kwargs.get("options"):
+        raise TypeError(
+            f"torch.compile(backend='lazyxla') takes no options (got {kwargs['options']!r}); remove options=. "
+            "lazyxla's settings are lazyxla.config flags."
+        )
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if tensors and not any(t.device.type == BACKEND for t in tensors):
+        _warn_once(
+            "cpu",
+            f"torch.compile(backend='lazyxla'): a graph has no lazyxla tensor (its inputs are on "
+            f"{sorted({str(t.device) for t in tensors})}); it runs eagerly there. Move the model and inputs "
+            "to the device first: model.to(lazyxla.device()), x.to(lazyxla.device()).",
+        )
+        return gm.forward
+    if _uses_autocast(gm):
+        # AOTAutograd's functionalization does not carry PrivateUse1's autocast key: its graphs would
+        # miss autocast's casts. The captured graph runs as Python code instead, i.e. in lazy mode.
+        _warn_once(
+            "autocast",
+            "torch.compile(backend='lazyxla'): graphs under torch.autocast('lazyxla') run in lazy mode, op by "
+            "op (the same results as without torch.compile); AOTAutograd does not apply autocast on this device.",
+        )
+        metrics.inc("dynamo_autocast_graphs")
+        return gm.forward
+    return _aot_backend()(gm, example_inputs)
+
+
+# ---- registration ----------------------------------------------------------------------------------------
+
+_REGISTRY = "torch._dynamo.backends.registry"
+_TRACE_RULES = "torch._dynamo.trace_rules"
+# Packages whose Python code Dynamo must never trace: lazyxla's recorder runs in Python (as
+# ``__torch_dispatch__`` and device kernels), so the code a compiled function runs eagerly at a graph
+# break calls into it, and into jax; Dynamo would otherwise try to compile those frames.
+_SKIPPED_PACKAGES = ("lazyxla", "jax", "jaxlib", "ml_dtypes", "opt_einsum", "flatbuffers")
+
+
+def _register_in(registry) -> None:
+    if BACKEND in registry._COMPILER_FNS:
+        return
+    if registry._BACKENDS.get(BACKEND) is not None:
+        return  # found through the entry point: lookup_backend loads it, registering would be a duplicate
+    registry.register_backend(compiler_fn=lazyxla_backend, name=BACKEND)
+
+
+def _skip_in(trace_rules) -> None:
+    for name in _SKIPPED_PACKAGES:
+        trace_rules.add(name)  # a package that is not installed is left out
+
+
+_ON_IMPORT = {_REGISTRY: _register_in, _TRACE_RULES: _skip_in}
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Runs ``_ON_IMPORT[name](module)`` right after Dynamo's module ``name`` is first imported."""
+
+    def __init__(self, pending: set[str]) -> None:
+        self.pending = pending
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.pending:
+            return None
+        self.pending.discard(name)
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                _ON_IMPORT[name](module)
+
+        spec.loader = Loader()
+        return spec
+
+
+def register() -> None:
+    """Make ``torch.compile(..., backend="lazyxla")`` available (done when lazyxla is imported).
+
+    Adds the backend to Dynamo's registry and lazyxla and jax to the files Dynamo never traces, now if
+    ``torch._dynamo`` is loaded, else when it is (so lazy-mode programs do not pay its import).
+
+    Example::
+
+        import lazyxla, torch
+        assert "lazyxla" in torch._dynamo.list_backends()
+    """
+    _install_fakification()
+    pending = set()
+    for name, hook in _ON_IMPORT.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+        else:
+            pending.add(name)
+    if pending and not any(isinstance(f, _OnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnImport(pending))
+
+
+register()
