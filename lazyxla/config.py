@@ -145,6 +145,37 @@ def launcher_env() -> dict[str, str]:
     """The torchrun-style launcher variables present in this process's environment."""
     return {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
 
+
+# Variables other tools own that lazyxla reads as they define them (besides LAUNCHER_VARIABLES):
+# torch_xla's PJRT runtime (for scripts run through lazyxla.compat), torchelastic's, jax's and XLA's.
+FOREIGN_VARIABLES = (
+    "PJRT_DEVICE",
+    "CPU_NUM_DEVICES",
+    "GPU_NUM_DEVICES",
+    "TPU_NUM_DEVICES",
+    "LOCAL_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "JAX_PLATFORMS",
+    "XLA_FLAGS",
+    "PYTHONPATH",
+    *LAUNCHER_VARIABLES,
+)
+
+
+def foreign_env(name: str, default: str = "") -> str:
+    """The value of an environment variable another tool defines (``FOREIGN_VARIABLES``), or ``default``.
+
+    lazyxla reads the environment only here and in its own flags, so every variable it looks at is listed
+    in this module.
+
+    Example::
+
+        device = foreign_env("PJRT_DEVICE").upper()     # torch_xla's runtime selector
+    """
+    if name not in FOREIGN_VARIABLES:
+        raise KeyError(f"lazyxla internal error: {name} is not declared in lazyxla.config.FOREIGN_VARIABLES")
+    return os.environ.get(name, default)
+
 _BY_NAME = {f.name: f for f in FLAGS}
 
 

@@ -26,7 +26,9 @@ USAGE = "usage: python -m lazyxla.run script.py [args ...]\n       python -m laz
 
 def _export_path(path: str) -> None:
     """Append ``path`` to ``PYTHONPATH`` for child interpreters (once)."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    from lazyxla.config import foreign_env
+
+    parts = [p for p in foreign_env("PYTHONPATH").split(os.pathsep) if p]
     if path not in [os.path.abspath(p) for p in parts]:
         os.environ["PYTHONPATH"] = os.pathsep.join([*parts, path])
 

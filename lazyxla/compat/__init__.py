@@ -140,18 +140,18 @@ def _apply_pjrt_environment() -> None:
     if _state["env_applied"]:
         return
     _state["env_applied"] = True
-    from lazyxla.config import config
+    from lazyxla.config import config, foreign_env
     from lazyxla.device.distributed import _backend_started
 
     if _backend_started():
         return
     import jax
 
-    device = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    device = foreign_env("PJRT_DEVICE").strip().upper()
     platform = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}.get(device.split("_")[0])
-    if platform and not os.environ.get("JAX_PLATFORMS"):
+    if platform and not foreign_env("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", platform)
-    count = os.environ.get("CPU_NUM_DEVICES", "").strip()
+    count = foreign_env("CPU_NUM_DEVICES").strip()
     if count.isdigit() and int(count) > 0 and config.cpu_devices == 0:
         config.cpu_devices = int(count)
 

@@ -27,7 +27,7 @@ import warnings
 import jax
 
 from lazyxla.collectives.ops import COLLECTIVE_OPS
-from lazyxla.config import config
+from lazyxla.config import config, foreign_env
 from lazyxla.device import distributed, runtime
 from lazyxla.lazy import metrics
 from lazyxla.lowering import replica
@@ -200,7 +200,7 @@ def _fingerprint() -> tuple:
             dev.platform,
             dev.client.platform_version,
             dev.device_kind,
-            os.environ.get("XLA_FLAGS", ""),
+            foreign_env("XLA_FLAGS"),
         )
     return _environment
 

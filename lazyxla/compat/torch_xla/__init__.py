@@ -20,13 +20,13 @@ Example::
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, unsupported
+from lazyxla.config import foreign_env
 
 __version__ = f"2.8.0+lazyxla{lazyxla.__version__}"
 """The torch_xla API level this layer follows (PJRT era), tagged with lazyxla's version."""
@@ -176,7 +176,7 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     """
     if lazyxla.spmd.is_enabled():
         unsupported("torch_xla.launch in SPMD mode", "a plain call: SPMD runs one process per host")
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
+    if foreign_env("TORCHELASTIC_RUN_ID"):
         return fn(lazyxla.runtime.local_ordinal(), *args)
     return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method)
 

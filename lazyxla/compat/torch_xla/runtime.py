@@ -10,13 +10,13 @@ Example::
     n = xr.global_runtime_device_count()
     print(xr.device_type(), n, xr.world_size(), xr.global_ordinal())
 """
-
 from __future__ import annotations
 
 import os
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
+from lazyxla.config import foreign_env
 
 
 def device_type() -> str:
@@ -138,7 +138,7 @@ def local_process_count() -> int:
 
         print(xr.local_process_count())
     """
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    local = foreign_env("LOCAL_WORLD_SIZE")
     return int(local) if local.isdigit() else lazyxla.runtime.process_count()
 
 

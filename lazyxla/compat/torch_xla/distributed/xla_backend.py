@@ -13,11 +13,9 @@ Example::
     dist.init_process_group("xla", init_method="xla://")
     model = DDP(model.to(xm.xla_device()), gradient_as_bucket_view=True)
 """
-
 from __future__ import annotations
 
 import importlib
-import os
 import urllib.parse
 
 import torch.distributed as dist
@@ -25,6 +23,7 @@ import torch.distributed as dist
 import lazyxla
 from lazyxla.collectives import process_group as _process_group
 from lazyxla.compat._common import missing_attribute
+from lazyxla.config import foreign_env
 
 # the module (torch.distributed.rendezvous is also the name of a function there)
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
@@ -32,7 +31,7 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
     rank, world = lazyxla.runtime.global_ordinal(), lazyxla.runtime.world_size()
-    if world == 1 and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
+    if world == 1 and not (foreign_env("MASTER_ADDR") and foreign_env("MASTER_PORT")):
         yield (dist.HashStore(), 0, 1)
         return
     query = urllib.parse.urlencode({"rank": rank, "world_size": world})

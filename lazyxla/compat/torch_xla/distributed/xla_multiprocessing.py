@@ -24,13 +24,13 @@ Example::
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, unsupported
+from lazyxla.config import foreign_env
 
 __all__ = ["MpModelWrapper", "MpSerialExecutor", "spawn"]
 
@@ -49,11 +49,11 @@ def default_nprocs() -> tuple[int, bool]:
 
         n, on_cpu = default_nprocs()
     """
-    device = os.environ.get("PJRT_DEVICE", "").strip().upper().split("_")[0]
+    device = foreign_env("PJRT_DEVICE").strip().upper().split("_")[0]
     names = [_COUNT_VARIABLES[device]] if device in _COUNT_VARIABLES else []
     names += [v for v in ("CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "TPU_NUM_DEVICES") if v not in names]
     for name in names:
-        value = os.environ.get(name, "").strip()
+        value = foreign_env(name).strip()
         if value.isdigit() and int(value) > 0:
             return int(value), name == "CPU_NUM_DEVICES"
     return 1, False

@@ -53,7 +53,7 @@ def getenv_as(name: str, type: type, defval: Any = None) -> Any:  # noqa: A002  
 
         steps = xu.getenv_as("STEPS", int, 100)
     """
-    value = os.environ.get(name)
+    value = os.environ.get(name)  # the user's own variable, by name: torch_xla's getenv_as
     if value is None:
         return defval
     if type is bool:
