@@ -6,8 +6,8 @@ process can load and run (``jax.export.deserialize(blob).call(*arrays)``) withou
 
 - The example arguments' tensors become the program's inputs (same shapes and dtypes, fixed).
 - Every other tensor the function reads (a module's weights, buffers, constants) is baked into the
-  program as a constant, as are Python numbers (learning rates, ...) and random keys: a random op
-  (dropout) draws the same numbers at every call of the exported program.
+  program as a constant, as are Python numbers (learning rates, ...) and, unless ``random_key=True``
+  makes the key an input, random keys: a random op (dropout) then draws the same numbers at every call.
 - ``state=`` (modules, optimizers, tensors) names tensors the function updates in place, such as a
   training step's parameters and optimizer state: they become extra inputs *and* extra outputs, so the
   artifact is a pure step function ``(args, state) -> (outputs, new state)``.
@@ -52,8 +52,9 @@ class ExportError(RuntimeError):
 class Exported:
     """An exported lazyxla program (``lazyxla.export``'s result).
 
-    The program takes the example arguments' arrays, then the state's (``state_names`` order), and
-    returns the function's outputs (``out_names``), then the state's new values.
+    The program takes the example arguments' arrays, then the state's (``state_names`` order), then the
+    random key (``export(..., random_key=True)``), and returns the function's outputs (``out_names``), then
+    the state's new values.
 
     Example::
 
@@ -155,6 +156,7 @@ def export(
     *,
     state: Any = None,
     platforms: Sequence[str] | None = None,
+    random_key: bool = False,
 ) -> Exported:
     """Export ``fn(*example_args)`` as a StableHLO program (see the module docstring).
 
@@ -165,6 +167,9 @@ def export(
     must exist (run one step first) and live on the device (``torch.optim.AdamW(..., capturable=True)``
     keeps its step count there; otherwise the count is read once and baked in). ``platforms``: jax
     platforms to export for (default: this process's, e.g. ``("cpu",)``; ``("cpu", "cuda", "tpu")``).
+    ``random_key``: random ops (dropout) draw from a key the program takes as its last input (a ``uint32[2]``
+    array, e.g. ``jax.random.key_data(jax.random.key(step))``), so each call can draw new numbers; by
+    default the keys of the recorded call are baked in and every call draws the same numbers.
 
     int64 inputs stay int64: a consumer passes them with ``jax_enable_x64`` on.
 
@@ -222,7 +227,7 @@ def export(
             "program's inputs would not include it. Run one training step before exporting, so the "
             "optimizer's state (momentum buffers, step counts) exists"
         )
-    return _build(args, outs, out_tree, named, before, after, platforms)
+    return _build(args, outs, out_tree, named, before, after, platforms, random_key)
 
 
 def _set_value(t: torch.Tensor, value: tuple) -> None:
@@ -364,10 +369,12 @@ def _new_optimizer_entries(state, before: dict[int, set[int]]) -> str:
     return "; ".join(made[:2]) + ("; ..." if len(made) > 2 else "")
 
 
-def _build(args, outs, out_tree, named, before, after, platforms) -> Exported:
+def _build(args, outs, out_tree, named, before, after, platforms, random_key) -> Exported:
     inputs = [unwrap(a)._value for a in args if isinstance(a, torch.Tensor)]
     in_names = [f"args[{k}]" for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
     in_names += [n for n, _ in named]
+    if random_key:
+        in_names.append("random_key")
     out_names = [f"out[{k}]" for k in range(len(outs))] + [n for n, _ in named]
     wanted = outs + after
     roots, order, leaves, _ = graph.plan_values(wanted)
@@ -386,20 +393,27 @@ def _build(args, outs, out_tree, named, before, after, platforms) -> Exported:
     extra = []
     if layout.scalars:
         extra.append(np.array([leaves[i].payload for i in layout.scalars], np.float64))
-    if layout.keys:
+    if layout.keys and not random_key:
         extra.append(np.stack([leaves[i].payload for i in layout.keys]))
     body = graph_fn(order, leaves, roots, layout)
     slot = {i: positions.get(id(leaves[i])) for i in layout.data}
+    n_keys = len(layout.keys)
 
     def program(*program_inputs):
         data = [program_inputs[slot[i]] if slot[i] is not None else constants[i] for i in layout.data]
-        results = body(*data, *extra)
+        keys = []
+        if random_key and n_keys:  # one key per random op, derived from the call's key
+            base = jax.random.wrap_key_data(program_inputs[-1], impl="threefry2x32")
+            keys = [jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(base, i)))(np.arange(n_keys))]
+        results = body(*data, *extra, *keys)
         return tuple(results[k] for k in picks)
 
     specs = [
         jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, runtime.np_dtype(v[0].avals[v[1]].dtype))
         for v in inputs + before
     ]
+    if random_key:
+        specs.append(jax.ShapeDtypeStruct((2,), np.uint32))
     with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
         exported = jax.export.export(jax.jit(program), platforms=platforms)(*specs)
     state_values = [(n, np.asarray(jax.device_get(v[0].payload))) for (n, _), v in zip(named, before)]

@@ -205,3 +205,19 @@ def test_python_scalars_and_integer_inputs(dev):
     want, want_idx = fn(x, idx, 2.5)
     np.testing.assert_allclose(np.asarray(out), want.numpy(), rtol=1e-6)
     assert np.asarray(nxt).dtype == np.int64 and (np.asarray(nxt) == want_idx.numpy()).all()
+
+
+def test_random_key_input_draws_new_numbers_per_call(dev):
+    def fn(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True)
+
+    x = torch.ones(64, 64)
+    baked = lazyxla.export(fn, (x,))
+    assert np.array_equal(np.asarray(baked.call(x)), np.asarray(baked.call(x)))  # the recorded key, baked in
+    keyed = lazyxla.export(fn, (x,), random_key=True)
+    assert keyed.in_names == ["args[0]", "random_key"]
+    k1, k2 = np.array([0, 1], np.uint32), np.array([0, 2], np.uint32)
+    a, b, a2 = (np.asarray(keyed.call(x, k)) for k in (k1, k2, k1))
+    assert np.array_equal(a, a2) and not np.array_equal(a, b)  # a new key, new numbers; the same key, the same
+    for out in (a, b):  # dropout's semantics: zeros or 1 / (1 - p), about half each
+        assert set(np.unique(out)) == {0.0, 2.0} and 0.4 < (out == 0).mean() < 0.6
