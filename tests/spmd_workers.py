@@ -159,3 +159,15 @@ def meshes(rank: int) -> dict:
     except spmd.ShardingError as e:
         out["bad_hybrid"] = str(e)
     return out
+
+
+def gpt_spmd_cached(rank: int, cache_dir: str, mode: str) -> dict:
+    """``gpt_spmd`` (3 steps) with the persistent cache on in ``cache_dir``; adds the disk cache counters."""
+    import lazyxla
+
+    lazyxla.config.persistent_cache = True
+    lazyxla.config.cache_dir = cache_dir
+    out = gpt_spmd(rank, mode, steps=3)
+    counters = lazyxla.metrics.counters()
+    out.update(hits=counters["persistent_cache_hits"], misses=counters["persistent_cache_misses"])
+    return out

@@ -88,3 +88,14 @@ def test_the_spmd_example_gives_the_same_result_on_1x8_and_2x4():
     one, two = _example(), _example("--nprocs", "2")
     assert one[-1].startswith("final loss ") and one[-1] == two[-1]
     assert "laid out as ('model', None) over Mesh(shape=(2, 4)" in one[-2]
+
+
+@pytest.mark.parametrize("nprocs,cpu_devices", LAYOUTS)
+def test_spmd_programs_are_loaded_from_the_disk_cache(tmp_path, nprocs, cpu_devices):
+    args = (str(tmp_path), "2d")
+    first = lazyxla.spawn(S.gpt_spmd_cached, args=args, nprocs=nprocs, cpu_devices=cpu_devices, timeout_s=280)
+    second = lazyxla.spawn(S.gpt_spmd_cached, args=args, nprocs=nprocs, cpu_devices=cpu_devices, timeout_s=280)
+    for a, b in zip(first, second):
+        assert a["losses"] == b["losses"] and b["diff"] < 1e-5  # the loaded programs compute the same steps
+        assert a["misses"] == 2 and a["hits"] == 0  # steps 1 and 2, each process its own entry
+        assert b["hits"] == 2 and b["misses"] == 0, (a, b)

@@ -3,6 +3,7 @@
 In memory: an LRU of ``config.compile_cache_size`` programs, keyed by the graph's structural hash.
 
 On disk (``config.persistent_cache``, on by default): lazyxla's own store of serialized executables
+(single-device, replica and SPMD programs; an SPMD program's name also covers its inputs' layouts)
 in ``config.cache_dir``, one file per program, named by a 256-bit digest of the graph itself (every
 node's op, constant arguments, output shapes and dtypes, and wiring; the leaves, the results, the
 donations, the device), of lazyxla's source code, the lowering flags and the jax/XLA build and device.
@@ -96,14 +97,20 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         )
     reps = replica.replicas() if collective and distributed.world_size() > 1 else None
     dev = None if spmd else runtime.jax_device(device)
-    folder = None if spmd else _folder()  # (SPMD programs are not kept on disk yet)
+    folder = _folder()
     path = None
     executable = None
     if folder is not None:
         with metrics.timer("disk_cache"):
-            where = device if reps is None else ("replicas", tuple(str(d) for d in reps.devices))
+            if spmd:  # one program over every device, compiled for its inputs' layouts
+                devices = list(runtime.global_devices())
+                layouts = _spmd_layouts(leaves, layout)
+                where = ("spmd", distributed.process_index(), tuple(str(d) for d in devices), layouts)
+            elif reps is not None:
+                devices, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
+            else:
+                devices, where = [dev], device
             path = os.path.join(folder, _digest(order, leaves, roots, where, donated) + _SUFFIX)
-            devices = [dev] if reps is None else reps.devices
             executable = _load(path, devices, len(layout.specs(leaves, None)), len(roots))
     if executable is not None:
         metrics.inc("persistent_cache_hits")
@@ -124,6 +131,16 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         _cache.popitem(last=False)
         metrics.inc("cache_evictions")
     return compiled
+
+
+def _spmd_layouts(leaves, layout: ArgLayout) -> tuple:
+    """The data inputs' layouts (HLO sharding and device ids), as the SPMD program is compiled for them."""
+    out = []
+    for i in layout.data:
+        sharding = leaves[i].payload.sharding
+        ndim = len(leaves[i].avals[0].shape)
+        out.append((str(sharding._to_xla_hlo_sharding(ndim)), tuple(d.id for d in sharding._device_assignment)))
+    return tuple(out)
 
 
 def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev, reps):
