@@ -125,6 +125,15 @@ FLAGS: tuple[Flag, ...] = (
         120,
         "Seconds to wait for every process to join a multi-process run, and for rendezvous/mesh_reduce.",
     ),
+    Flag(
+        "spmd_check_programs",
+        bool,
+        True,
+        "Multi-process SPMD: before each program runs, the processes compare what they are about to run (a "
+        "rendezvous, ~1-3 ms per step). A process that runs another program, or none (e.g. a .item() on the "
+        "master only), then raises an error naming each process's trigger and line, instead of XLA's "
+        "collectives waiting for it until the run aborts.",
+    ),
 )
 
 # The variables torchrun (and other PyTorch launchers) set for each process, and those by which Slurm and

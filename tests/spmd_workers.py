@@ -171,3 +171,25 @@ def gpt_spmd_cached(rank: int, cache_dir: str, mode: str) -> dict:
     counters = lazyxla.metrics.counters()
     out.update(hits=counters["persistent_cache_hits"], misses=counters["persistent_cache_misses"])
     return out
+
+
+def master_only_read(rank: int) -> dict:
+    """Rank 0 reads a value mid-step that rank 1 does not: both must raise a clear error, not hang or abort."""
+    import lazyxla
+    from lazyxla.device.distributed import DistributedError
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("data",))
+    w = spmd.mark_sharding(torch.ones(8, 8).to(dev), mesh, ("data", None))
+    agreed = (w * 2).sum().item()  # every process reads: the same program, it runs
+    y = (w @ w).sum()
+    z = (w + 1).sum()  # also pending: rank 1's sync computes y and z, rank 0's read y alone
+    try:
+        if rank == 0:
+            y.item()  # master-only read
+        lazyxla.sync()
+    except DistributedError as e:
+        return {"agreed": agreed, "error": str(e)}
+    return {"agreed": agreed, "error": None, "z": z.item()}

@@ -99,3 +99,12 @@ def test_spmd_programs_are_loaded_from_the_disk_cache(tmp_path, nprocs, cpu_devi
         assert a["losses"] == b["losses"] and b["diff"] < 1e-5  # the loaded programs compute the same steps
         assert a["misses"] == 2 and a["hits"] == 0  # steps 1 and 2, each process its own entry
         assert b["hits"] == 2 and b["misses"] == 0, (a, b)
+
+
+def test_a_read_on_one_process_only_raises_on_every_process():
+    runs = lazyxla.spawn(S.master_only_read, nprocs=2, cpu_devices=2, timeout_s=120)
+    for rank, run in enumerate(runs):
+        assert run["agreed"] == 128.0
+        assert run["error"] is not None, rank
+        assert "the processes are about to run different programs" in run["error"]
+        assert ".item() at" in run["error"] and "spmd_workers.py" in run["error"]  # names the trigger and line

@@ -79,6 +79,8 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         )
     for region in diagnostics.active_regions():
         region.saw(key, order, leaves)
+    if runtime.spmd_enabled() and config.spmd_check_programs:
+        _check_same_program(roots, leaves, site)
     missed = key not in cache._cache
     if missed and config.explain_recompiles:
         diagnostics.explain_miss(site, order, leaves)
@@ -125,6 +127,36 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         new[(id(m), i)] = (leaf(Leaf.DATA, arr, m.avals[i], device), 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+
+
+def _check_same_program(roots, leaves, site: str) -> None:
+    """Multi-process SPMD: every process must run this program now (``config.spmd_check_programs``)."""
+    from lazyxla.device import distributed
+
+    if distributed.process_count() == 1:
+        return
+    import hashlib
+
+    program = hashlib.blake2b(
+        repr(([(m.hash, i) for m, i in roots], [n.avals[0] for n in leaves])).encode(), digest_size=8
+    ).hexdigest()
+    try:
+        seen = distributed.rendezvous("spmd program", f"{program} {site}".encode())
+    except distributed.DistributedError as e:
+        raise distributed.DistributedError(
+            f"lazyxla SPMD: this process is about to run a program ({site}) that another process did not reach "
+            f"within {config.distributed_timeout_s} s. In multi-process SPMD every process runs every program: "
+            "read values (.item(), print) on every process, not on the master only, and sync at the same places"
+        ) from e
+    mine = distributed.process_index()
+    others = [(i, p.decode().split(" ", 1)) for i, p in enumerate(seen)]
+    if any(prog != program for _, (prog, _) in others):
+        where = "; ".join(f"process {i}: {w}" for i, (_, w) in others)
+        raise distributed.DistributedError(
+            f"lazyxla SPMD: the processes are about to run different programs ({where}); this is process {mine}. "
+            "In multi-process SPMD every process runs the same programs: record the same ops and read values "
+            "(.item(), print) on every process, not on the master only"
+        )
 
 
 def _nbytes(aval) -> int:
