@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 
@@ -160,12 +161,40 @@ _copy_.with_keyset = True
 
 AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention, "copy_": _copy_}
 
+# PyTorch's functionalization kernel of ``aten::_to_copy`` (what ``Tensor.to(dtype)``, ``.float()``,
+# ``.bfloat16()`` run) wraps its result again only for the XLA and Lazy device types; for any other device it
+# returns the bare inner tensor ("the functionalization pass ends there"). On lazyxla that handed the user a
+# bare LazyTensor, which later fails in any in-place op mixing it with ordinary lazyxla tensors (e.g.
+# ``x.bfloat16().masked_fill_(mask, 0)``: "mutating a non-functional tensor with a functional tensor"), and
+# autocast casts every matmul input this way. This kernel, at Functionalize, runs PyTorch's and wraps a
+# lazyxla result.
+
+_FUNCTIONAL_TO_COPY = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+    "aten::_to_copy", torch._C.DispatchKey.Functionalize
+)
+
+
+def _to_copy(keyset, self, **kwargs):
+    out = _FUNCTIONAL_TO_COPY.call_boxed(keyset, self, **kwargs)
+    if out.device.type == "lazyxla" and not torch._is_functional_tensor(out):
+        out = torch._to_functional_tensor(out)
+    return out
+
+
+_functionalize_library = None
+
 
 def install() -> None:
     registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS)
     DEVICE_KERNEL_OPS.update(_overload(name) for name in KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())
+    global _functionalize_library
+    if _functionalize_library is None:
+        _functionalize_library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():  # "overriding a previously registered kernel": PyTorch's, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            _functionalize_library.impl("_to_copy", _to_copy, "Functionalize", with_keyset=True)
     autocast.install()
 
 

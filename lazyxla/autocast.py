@@ -32,8 +32,6 @@ Example::
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 DEVICE = "lazyxla"
@@ -362,27 +360,6 @@ def policy(op: str) -> str | None:
     return None
 
 
-# ---- dtype casts that stay functional ----
-#
-# PyTorch's functionalization kernel of ``aten::_to_copy`` (what ``Tensor.to(dtype)``, ``.float()``,
-# ``.bfloat16()`` run) wraps its result again only for the XLA and Lazy device types; for any other device it
-# returns the bare inner tensor ("the functionalization pass ends there"). On lazyxla that handed the user a
-# bare LazyTensor, which later fails in any in-place op mixing it with ordinary lazyxla tensors (e.g.
-# ``x.bfloat16().masked_fill_(mask, 0)``: "mutating a non-functional tensor with a functional tensor"), and
-# autocast casts every matmul input this way. This kernel runs PyTorch's and wraps a lazyxla result.
-
-_FUNCTIONAL_TO_COPY = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
-    "aten::_to_copy", torch._C.DispatchKey.Functionalize
-)
-
-
-def _to_copy(keyset, self, **kwargs):
-    out = _FUNCTIONAL_TO_COPY.call_boxed(keyset, self, **kwargs)
-    if out.device.type == DEVICE and not torch._is_functional_tensor(out):
-        out = torch._to_functional_tensor(out)
-    return out
-
-
 def install() -> None:
     """Register the autocast fallthrough and kernels at ``AutocastPrivateUse1`` (idempotent; ``import lazyxla``
     calls it).
@@ -403,9 +380,6 @@ def install() -> None:
     ops = torch.library.Library("aten", "IMPL")
     for name, fn in kernels().items():
         ops.impl(name.removeprefix("aten::"), fn, KEY)
-    with warnings.catch_warnings():  # "overriding a previously registered kernel": PyTorch's, on purpose
-        warnings.simplefilter("ignore", UserWarning)
-        ops.impl("_to_copy", _to_copy, "Functionalize", with_keyset=True)
     _library = (fallthrough, ops)
 
 

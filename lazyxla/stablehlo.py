@@ -27,7 +27,6 @@ Example::
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,21 +89,15 @@ class Exported:
         return bytes(self.jax.serialize())
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`serialize`'s bytes to ``path`` atomically (a temporary file, then a rename).
+        """Write :meth:`serialize`'s bytes to ``path`` atomically (``lazyxla.collectives.training.atomic_write``).
 
         Example::
 
             exported.save("mlp.jaxexport")
         """
-        path = os.fspath(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(path)))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.serialize())
-            os.replace(tmp, path)
-        except BaseException:
-            os.remove(tmp)
-            raise
+        from lazyxla.collectives.training import atomic_write
+
+        atomic_write(path, self.serialize())
 
     def state_values(self) -> dict[str, np.ndarray]:
         """The state's values at export time, by name, in the program's input order.
@@ -191,14 +184,17 @@ def export(
         example_args = (example_args,)
     if isinstance(fn, torch.nn.Module):
         _check_on_device(fn, "the module passed to lazyxla.export")
+    objects = _state_objects(state)
+    optimizers = [o for _, o in objects if isinstance(o, torch.optim.Optimizer)]
+    named = _state_tensors(objects)
     graph.sync()  # everything the function reads is device data from here on
-    device = _device_of(fn, state)
+    device = _device_of(fn, named)
     args = [_fresh_input(a, device, k) for k, a in enumerate(example_args)]
-    named = _state_tensors(state)
     before = [unwrap(t)._value for _, t in named]
-    grads = _grads(state)
-    grad_values = [unwrap(g)._value for _, g in grads if g is not None]
-    opt_keys = {id(o): {id(p) for p in o.state} for o in _optimizers(state)}
+    grads = _grads(objects)
+    held = [g for _, g in grads if g is not None]
+    grad_values = [unwrap(g)._value for g in held]
+    opt_keys = {id(o): {id(p) for p in o.state} for o in optimizers}
     rng_state = torch.lazyxla.get_rng_state()
     region = diagnostics.Region("lazyxla.export", full_graph=True, max_graphs=None)
     region.what = f"lazyxla.export({getattr(fn, '__qualname__', type(fn).__name__)})"
@@ -209,14 +205,14 @@ def export(
         out_leaves, out_tree = pytree.tree_flatten(result)
         outs = [_output(o, k) for k, o in enumerate(out_leaves)]
         after = [unwrap(t)._value for _, t in named]
-        new_entries = _new_optimizer_entries(state, opt_keys)
+        new_entries = _new_optimizer_entries(optimizers, opt_keys)
     except CompileRegionError as e:
         raise ExportError(str(e)) from None
     finally:
         diagnostics.leave(region)
         for (_, t), v in zip(named, before):  # exporting changes nothing
             _set_value(t, v)
-        for (_, g), v in zip([x for x in grads if x[1] is not None], grad_values):
+        for g, v in zip(held, grad_values):
             _set_value(g, v)
         for p, g in grads:
             p.grad = g
@@ -250,8 +246,8 @@ def _check_on_device(module: torch.nn.Module, what: str) -> None:
             )
 
 
-def _device_of(fn, state) -> int:
-    for _, t in _state_tensors(state):
+def _device_of(fn, named: list[tuple[str, torch.Tensor]]) -> int:
+    for _, t in named:
         return t.device.index or 0
     if isinstance(fn, torch.nn.Module):
         for t in [*fn.parameters(), *fn.buffers()]:
@@ -285,18 +281,25 @@ def _output(o, k: int):
     return unwrap(o)._value
 
 
-def _optimizers(state) -> list:
-    if isinstance(state, torch.optim.Optimizer):
-        return [state]
+def _state_objects(state, name: str = "state") -> list[tuple[str, Any]]:
+    """The modules, optimizers and tensors in ``state`` (nested in lists, tuples and dicts), named."""
+    if state is None:
+        return []
+    if isinstance(state, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+        return [(name, state)]
     if isinstance(state, dict):
-        return [o for v in state.values() for o in _optimizers(v)]
+        return [x for k, v in state.items() for x in _state_objects(v, f"{name}.{k}")]
     if isinstance(state, (list, tuple)):
-        return [o for v in state for o in _optimizers(v)]
-    return []
+        many = len(state) > 1
+        return [x for i, v in enumerate(state) for x in _state_objects(v, f"{name}[{i}]" if many else name)]
+    raise TypeError(
+        f"lazyxla.export: state= takes modules, optimizers, tensors and lists/dicts of them; {name} is a "
+        f"{type(state).__name__}"
+    )
 
 
-def _state_tensors(state, prefix: str = "state") -> list[tuple[str, torch.Tensor]]:
-    """The lazyxla tensors of ``state``, named, without duplicates."""
+def _state_tensors(objects: list[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    """The lazyxla tensors of the state's objects, named, without duplicates."""
     out: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
 
@@ -305,9 +308,7 @@ def _state_tensors(state, prefix: str = "state") -> list[tuple[str, torch.Tensor
             seen.add(id(t))
             out.append((name, t))
 
-    def walk(x, name):
-        if x is None:
-            return
+    for name, x in objects:
         if isinstance(x, torch.Tensor):
             if x.device.type != "lazyxla":
                 raise ValueError(f"lazyxla.export: state tensor {name} is on {x.device}; state lives on lazyxla")
@@ -316,52 +317,32 @@ def _state_tensors(state, prefix: str = "state") -> list[tuple[str, torch.Tensor
             _check_on_device(x, f"the state module {name}")
             for n, t in [*x.named_parameters(), *x.named_buffers()]:
                 add(f"{name}.{n}", t)
-        elif isinstance(x, torch.optim.Optimizer):
-            params = [p for group in x.param_groups for p in group["params"]]
-            for i, p in enumerate(params):
+        else:  # an optimizer: its per-parameter state (CPU entries are read during the call and baked in)
+            for i, p in enumerate(_params(x)):
                 for k, v in x.state.get(p, {}).items():
                     add(f"{name}.state.{i}.{k}", v)
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, f"{name}.{k}")
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, f"{name}[{i}]" if len(x) > 1 else name)
-        else:
-            raise TypeError(
-                f"lazyxla.export: state= takes modules, optimizers, tensors and lists/dicts of them; {name} is a "
-                f"{type(x).__name__}"
-            )
-
-    walk(state, prefix)
     return out
 
 
-def _grads(state) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(parameter, its .grad) for the state modules' parameters: restored after the export's call."""
-    params = []
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
-    def walk(x):
+
+def _grads(objects: list[tuple[str, Any]]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(parameter, its .grad) for the state modules' and optimizers' parameters: restored after the call."""
+    params = {}
+    for _, x in objects:
         if isinstance(x, torch.nn.Module):
-            params.extend(x.parameters())
+            params.update((id(p), p) for p in x.parameters())
         elif isinstance(x, torch.optim.Optimizer):
-            params.extend(p for group in x.param_groups for p in group["params"])
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-
-    walk(state)
-    unique = list({id(p): p for p in params}.values())
-    return [(p, p.grad) for p in unique]
+            params.update((id(p), p) for p in _params(x))
+    return [(p, p.grad) for p in params.values()]
 
 
-def _new_optimizer_entries(state, before: dict[int, set[int]]) -> str:
+def _new_optimizer_entries(optimizers: list, before: dict[int, set[int]]) -> str:
     """Optimizer state created by the exported call (removed again); '' when there is none."""
     made = []
-    for o in _optimizers(state):
+    for o in optimizers:
         for p in list(o.state):
             if id(p) not in before[id(o)]:
                 made.append(f"{sorted(o.state[p])} for a parameter of shape {list(p.shape)}")

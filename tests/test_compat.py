@@ -108,6 +108,24 @@ def _example(name: str):
 # --- the three scripts against CPU eager ----------------------------------------------------------
 
 
+def _eager_losses(flags, make_model, make_data, loss_fn) -> list[float]:
+    """The per-step losses of a script's training loop in CPU eager (SGD with momentum, data in order)."""
+    torch.manual_seed(flags.seed)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=flags.lr, momentum=flags.momentum)
+    loader = torch.utils.data.DataLoader(
+        make_data(flags.batch_size * flags.steps), batch_size=flags.batch_size, shuffle=False, drop_last=True
+    )
+    losses = []
+    for data, target in loader:
+        opt.zero_grad()
+        loss = loss_fn(model(data), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def test_single_device_mnist_equals_cpu_eager(xla, tmp_path):
     ex = _example("mnist_single")
     args = ["--steps", "6", "--batch-size", "16"]
@@ -115,19 +133,8 @@ def test_single_device_mnist_equals_cpu_eager(xla, tmp_path):
     got = _losses(stdout)
 
     flags = ex.parse_args(args)
-    torch.manual_seed(flags.seed)
-    model = ex.MNIST()
-    opt = torch.optim.SGD(model.parameters(), lr=flags.lr, momentum=flags.momentum)
-    loader = torch.utils.data.DataLoader(
-        ex.fake_mnist(flags.batch_size * flags.steps), batch_size=flags.batch_size, shuffle=False, drop_last=True
-    )
-    want = {}
-    for step, (data, target) in enumerate(loader):
-        opt.zero_grad()
-        loss = F.nll_loss(model(data), target)
-        loss.backward()
-        opt.step()
-        want[(0, step)] = loss.item()
+    losses = _eager_losses(flags, ex.MNIST, ex.fake_mnist, F.nll_loss)
+    want = {(0, step): loss for step, loss in enumerate(losses)}
     assert sorted(got) == sorted(want), stdout
     _assert_close(got, want)
     assert stdout.strip().splitlines()[-1] == f"final loss {got[(0, flags.steps - 1)]!r}"
@@ -195,19 +202,8 @@ def test_spmd_script_equals_cpu_eager(xla, tmp_path):
     got = _losses(stdout)
 
     flags = ex.parse_args(args)
-    torch.manual_seed(flags.seed)
-    model = ex.MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=flags.lr, momentum=flags.momentum)
-    loader = torch.utils.data.DataLoader(
-        ex.fake_data(flags.batch_size * flags.steps), batch_size=flags.batch_size, drop_last=True
-    )
-    want = {}
-    for step, (data, target) in enumerate(loader):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(data), target)
-        loss.backward()
-        opt.step()
-        want[(step,)] = loss.item()
+    losses = _eager_losses(flags, ex.MLP, ex.fake_data, F.cross_entropy)
+    want = {(step,): loss for step, loss in enumerate(losses)}
     assert sorted(got) == sorted(want), stdout
     _assert_close(got, want)
 

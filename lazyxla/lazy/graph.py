@@ -170,6 +170,7 @@ def _graph_id(key) -> str:
 
 def _dump(key, order, leaves, roots, device) -> None:
     """``config.dump_dir``: write the program's StableHLO and lazy IR, named by its graph id."""
+    from lazyxla.collectives.training import atomic_write
     from lazyxla.lowering import cache
 
     folder = os.path.expanduser(config.dump_dir)
@@ -180,10 +181,7 @@ def _dump(key, order, leaves, roots, device) -> None:
         ".ir.txt": ir_text(order, leaves, roots),
     }
     for suffix, text in texts.items():
-        tmp = name + suffix + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, name + suffix)
+        atomic_write(name + suffix, text.encode())
 
 
 def ir_text(order, leaves, roots) -> str:

@@ -37,21 +37,19 @@ def set_annotations(on: bool) -> None:
 
 @contextlib.contextmanager
 def timer(name: str) -> Iterator[None]:
-    if _annotate[0]:
-        import jax
+    span = _span(name) if _annotate[0] else contextlib.nullcontext()
+    with span:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            _timers[name].append(time.perf_counter() - start)
 
-        with jax.profiler.TraceAnnotation("lazyxla." + name):
-            start = time.perf_counter()
-            try:
-                yield
-            finally:
-                _timers[name].append(time.perf_counter() - start)
-        return
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        _timers[name].append(time.perf_counter() - start)
+
+def _span(name: str):
+    import jax
+
+    return jax.profiler.TraceAnnotation("lazyxla." + name)
 
 
 def counters() -> dict[str, int]:

@@ -104,8 +104,9 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         with metrics.timer("disk_cache"):
             if spmd:  # one program over every device, compiled for its inputs' layouts
                 devices = list(runtime.global_devices())
-                layouts = _spmd_layouts(leaves, layout)
-                where = ("spmd", distributed.process_index(), tuple(str(d) for d in devices), layouts)
+                from lazyxla.lazy.graph import _layouts  # the in-memory key's canonical layouts
+
+                where = ("spmd", distributed.process_index(), tuple(str(d) for d in devices), _layouts(leaves))
             elif reps is not None:
                 devices, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
             else:
@@ -131,16 +132,6 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         _cache.popitem(last=False)
         metrics.inc("cache_evictions")
     return compiled
-
-
-def _spmd_layouts(leaves, layout: ArgLayout) -> tuple:
-    """The data inputs' layouts (HLO sharding and device ids), as the SPMD program is compiled for them."""
-    out = []
-    for i in layout.data:
-        sharding = leaves[i].payload.sharding
-        ndim = len(leaves[i].avals[0].shape)
-        out.append((str(sharding._to_xla_hlo_sharding(ndim)), tuple(d.id for d in sharding._device_assignment)))
-    return tuple(out)
 
 
 def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev, reps):
