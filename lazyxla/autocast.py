@@ -32,6 +32,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 DEVICE = "lazyxla"
@@ -41,9 +43,12 @@ aten = torch.ops.aten
 
 # ---- the op lists ----
 #
-# They mirror what PyTorch 2.13 registers at its CUDA autocast key (aten/src/ATen/autocast_mode.cpp, built from
-# the AT_FORALL_* lists of ATen/autocast_mode.h): the test suite checks that this module covers exactly the ops
-# that have an AutocastCUDA kernel in the installed torch. Names are "op" (default overload) or "op.overload".
+# They mirror what PyTorch registers at its CUDA autocast key (aten/src/ATen/autocast_mode.cpp, built from the
+# AT_FORALL_* lists of ATen/autocast_mode.h) in every torch version lazyxla supports (2.13 and 2.14): an entry
+# whose op the installed torch lacks is skipped. An op the installed torch autocasts on CUDA that these tables do
+# not name (a newer torch) runs in float32, the choice that never loses precision: see `unlisted`. The test suite
+# checks that lazyxla registers exactly the ops that have an AutocastCUDA kernel in the installed torch, and that
+# the pinned torch has no unlisted op. Names are "op" (default overload) or "op.overload".
 
 # Run in the autocast dtype (torch.get_autocast_dtype("lazyxla")): matmuls, convolutions, RNN cells, attention.
 LOWER_PRECISION_FP = (
@@ -83,6 +88,7 @@ LOWER_PRECISION_FP = (
     # CUDA-only entries of the same policy (never reached on lazyxla, listed to mirror the CUDA table)
     "cudnn_convolution",
     "cudnn_convolution_transpose",
+    "_cudnn_rnn",  # registered only by CUDA builds of torch (ATen/cudnn/AutocastRNN.cpp)
 )
 
 # Run in float32: ops whose range or accuracy suffers in 16 bits (exp/log family, norms, losses, upsampling).
@@ -105,6 +111,7 @@ FP32 = (
     "pow.Tensor_Tensor",
     "pow.Scalar",
     "softplus",
+    "linalg_matrix_sqrth",  # since torch 2.14
     "layer_norm",
     "native_layer_norm",
     "rms_norm",
@@ -204,6 +211,30 @@ _library = None
 def _overload(name: str):
     op, _, overload = name.partition(".")
     return getattr(getattr(aten, op), overload or "default")
+
+
+@functools.cache
+def _cuda_autocast_ops() -> frozenset[str]:
+    """The ops the installed torch registers at its CUDA autocast key, as the tables name them."""
+    cuda = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+    return frozenset(r.removeprefix("aten::") for r in cuda if r.startswith("aten::"))
+
+
+def _listed() -> set[str]:
+    names = (*LOWER_PRECISION_FP, *FP32, *FP32_SET_OPT_DTYPE, *FP32_APPEND_DTYPE, *PROMOTE, *BANNED)
+    return {name.removesuffix(".default") for name in names}
+
+
+def unlisted() -> tuple[str, ...]:
+    """Ops that the installed torch autocasts on CUDA but lazyxla's tables do not name (empty on the torch
+    versions lazyxla is tested with). lazyxla runs them in float32, the policy that never loses precision.
+
+    Example::
+
+        >>> lazyxla.autocast.unlisted()
+        ()
+    """
+    return tuple(sorted(_cuda_autocast_ops() - _listed()))
 
 
 def _eligible(x) -> bool:
@@ -322,17 +353,24 @@ def kernels() -> dict[str, object]:
     """
     table = {}
     for name in LOWER_PRECISION_FP:
-        table[name] = _lower_precision_fp(_overload(name))
-    for name in FP32:
-        table[name] = _fp32(_overload(name))
+        table[name] = _lower_precision_fp
+    for name in (*FP32, *unlisted()):
+        table[name] = _fp32
     for name in FP32_SET_OPT_DTYPE:
-        table[name] = _fp32_set_opt_dtype(_overload(name))
+        table[name] = _fp32_set_opt_dtype
     for name, target in FP32_APPEND_DTYPE.items():
-        table[name] = _fp32_append_dtype(_overload(name), _overload(target))
+        table[name] = lambda op, target=target: _fp32_append_dtype(op, _overload(target))
     for name in PROMOTE:
-        table[name] = _promote(_overload(name))
+        table[name] = _promote
     for name in BANNED:
-        table[name] = _banned
+        table[name] = lambda op: _banned
+    # Only the ops the installed torch autocasts on CUDA: the tables also name ops of a newer torch, or of CUDA
+    # builds only (both "follow the installed torch", as the test suite checks).
+    table = {
+        name: make(_overload(name))
+        for name, make in table.items()
+        if name.removesuffix(".default") in _cuda_autocast_ops()
+    }
     return {"aten::" + name.removesuffix(".default"): fn for name, fn in table.items()}
 
 
@@ -357,7 +395,7 @@ def policy(op: str) -> str | None:
     ):
         if name in names:
             return label
-    return None
+    return "fp32" if name in unlisted() else None
 
 
 def install() -> None:

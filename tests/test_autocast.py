@@ -36,6 +36,32 @@ def test_lists_cover_exactly_the_ops_pytorch_autocasts_on_cuda():
     assert set(autocast.kernels()) == ours
 
 
+def test_the_tables_name_every_op_the_pinned_torch_autocasts():
+    """An op the tables do not name would run in float32 (``unlisted``): none may, on the torch we pin."""
+    assert autocast.unlisted() == ()
+
+
+def test_table_entries_the_installed_torch_does_not_autocast_are_only_known_version_or_build_ones():
+    """Entries skipped for the installed torch: ops added by torch 2.14, or registered by CUDA builds only."""
+    cuda = {r.removeprefix("aten::") for r in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")}
+    skipped = autocast._listed() - cuda
+    assert skipped <= {"linalg_matrix_sqrth", "_cudnn_rnn"}, sorted(skipped)
+
+
+def test_an_op_a_newer_torch_autocasts_runs_in_float32(monkeypatch):
+    """'Follow the installed torch': an op its CUDA table has and lazyxla's tables lack gets the fp32 kernel."""
+    monkeypatch.setattr(autocast, "_cuda_autocast_ops", lambda: frozenset({"mm", "sin"}))
+    assert autocast.unlisted() == ("sin",)
+    assert autocast.policy("sin") == "fp32"
+    table = autocast.kernels()
+    assert set(table) == {"aten::mm", "aten::sin"}
+    x = torch.randn(4, device="lazyxla").bfloat16()
+    with torch.autocast("lazyxla", dtype=torch.bfloat16):
+        out = table["aten::sin"](x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.cpu(), x.cpu().float().sin())
+
+
 def test_policy():
     assert autocast.policy("aten::matmul") == "lower_precision_fp"
     assert autocast.policy("softmax.int") == "fp32_set_opt_dtype"
