@@ -112,7 +112,7 @@ FLAGS: tuple[Flag, ...] = (
         2 * 1024**3,
         "Size cap of the persistent compilation cache's entries in bytes (0: no cap). Beyond it, writing an "
         "entry removes the least recently used ones (a load counts as a use). 2 GiB holds hundreds of "
-        "programs (CPU entries are ~0.1-1 MB, large GPU/TPU training steps tens of MB).",
+        "programs (a small GPT's training step on CPU is ~2 MB; large GPU/TPU programs tens of MB).",
     ),
     Flag(
         "coordinator_address",

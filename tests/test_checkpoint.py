@@ -89,7 +89,8 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_intact(dev, tm
 def test_a_save_removes_only_its_own_files_stale_temporaries(dev, tmp_path):
     from lazyxla.collectives import training
 
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    probe = [sys.executable, "-c", "import os; print(os.getpid())"]
+    proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     dead = int(proc.stdout)  # a process that has exited
     host = training._HOST
     stale = tmp_path / f".ckpt.pt.tmp.{dead}.0123abcd.{host}"

@@ -334,7 +334,8 @@ def test_an_entry_larger_than_the_cap_is_not_kept(disk_cache, dev):
 
 
 def _dead_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    probe = [sys.executable, "-c", "import os; print(os.getpid())"]
+    proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     return int(proc.stdout)  # exited and reaped
 
 
