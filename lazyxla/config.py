@@ -35,10 +35,19 @@ class Flag:
         return "LAZYXLA_" + self.name.upper()
 
 
+def user_cache_root() -> str:
+    """The user's own cache folder: ``$XDG_CACHE_HOME``, else ``~/.cache``.
+
+    Example::
+
+        root = user_cache_root()      # e.g. /home/me/.cache
+    """
+    return os.path.abspath(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
 def _user_cache_dir() -> str:
     """``$XDG_CACHE_HOME/lazyxla/xla``, else ``~/.cache/lazyxla/xla``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "lazyxla", "xla")
+    return os.path.join(user_cache_root(), "lazyxla", "xla")
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -93,7 +102,17 @@ FLAGS: tuple[Flag, ...] = (
         str,
         _user_cache_dir(),
         "Folder of the persistent compilation cache, created on first use ($XDG_CACHE_HOME or ~/.cache, "
-        "then lazyxla/xla). Only lazyxla's programs go there; jax's own cache settings are left alone.",
+        "then lazyxla/xla). Only lazyxla's programs go there; jax's own cache settings are left alone. The "
+        "folder must be yours and not writable by group or others (else the cache is off, with a warning): "
+        "entries are machine code this process runs.",
+    ),
+    Flag(
+        "persistent_cache_max_bytes",
+        int,
+        2 * 1024**3,
+        "Size cap of the persistent compilation cache's entries in bytes (0: no cap). Beyond it, writing an "
+        "entry removes the least recently used ones (a load counts as a use). 2 GiB holds hundreds of "
+        "programs (a small GPT's training step on CPU is ~2 MB; large GPU/TPU programs tens of MB).",
     ),
     Flag(
         "coordinator_address",

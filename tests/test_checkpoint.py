@@ -77,3 +77,30 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_intact(dev, tm
     assert path.read_bytes() == before
     state = lazyxla.load(path)
     assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(3))
+    (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(f".ckpt.pt.tmp.{proc.pid}.")]
+    assert partial.stat().st_size > 0  # the killed writer's temporary file: named after the file and its pid
+    lazyxla.save({"w": torch.zeros(2).to(dev), "epoch": 3}, path)
+    assert not partial.exists()  # the next save of the file removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "writing"]
+    state = lazyxla.load(path)
+    assert state["epoch"] == 3 and torch.equal(state["w"], torch.zeros(2))
+
+
+def test_a_save_removes_only_its_own_files_stale_temporaries(dev, tmp_path):
+    from lazyxla.collectives import training
+
+    probe = [sys.executable, "-c", "import os; print(os.getpid())"]
+    proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    dead = int(proc.stdout)  # a process that has exited
+    host = training._HOST
+    stale = tmp_path / f".ckpt.pt.tmp.{dead}.0123abcd.{host}"
+    live = tmp_path / f".ckpt.pt.tmp.{os.getpid()}.4567abcd.{host}"  # another thread of a running writer
+    other_target = tmp_path / f".other.pt.tmp.{dead}.89abcdef.{host}"
+    mkstemp_like = tmp_path / ".ckpt.pt.x1y2z3.tmp"  # not named as lazyxla names its temporaries: not ours
+    for p in (stale, live, other_target, mkstemp_like):
+        p.write_bytes(b"partial")
+    lazyxla.save({"epoch": 4, "w": torch.arange(3).to(dev)}, tmp_path / "ckpt.pt")
+    assert not stale.exists()
+    assert live.exists() and other_target.exists() and mkstemp_like.exists()
+    state = lazyxla.load(tmp_path / "ckpt.pt")
+    assert state["epoch"] == 4 and torch.equal(state["w"], torch.arange(3))

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -112,25 +113,250 @@ def _step(dev, n: int) -> float:
     return (x * 3 + 1).sum().item()
 
 
-def test_corrupt_entry_is_dropped_and_recompiled(tmp_path, dev, monkeypatch):
+def _entries(folder: Path) -> list[Path]:
+    return sorted(p for p in _files(folder) if p.name.endswith(".lxc"))
+
+
+@pytest.fixture
+def disk_cache(tmp_path, monkeypatch):
+    """The persistent cache on, in a fresh folder of this test's (warnings and folder checks forgotten)."""
     monkeypatch.setattr(cache, "_warned", set())
-    with lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
+    monkeypatch.setattr(cache, "_broken", {})
+    monkeypatch.setattr(cache, "_ready", type(cache._ready)())
+    folder = tmp_path / "xla"
+    with lazyxla.config.override(persistent_cache=True, cache_dir=str(folder)):
         cache.clear()
-        assert _step(dev, 7) == 70.0
-        entries = [p for p in _files(tmp_path) if p.name.endswith(".lxc")]
-        assert len(entries) == 1
-        entries[0].write_bytes(b"garbage")
-        cache.clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert _step(dev, 7) == 70.0
-        assert [str(w.message) for w in caught if "could not be loaded" in str(w.message)]
-        assert entries[0].read_bytes() != b"garbage"  # written afresh
-        cache.clear()
-        before = lazyxla.metrics.counters()["persistent_cache_hits"]
-        assert _step(dev, 7) == 70.0
-        assert lazyxla.metrics.counters()["persistent_cache_hits"] == before + 1
+        yield folder
     cache.clear()
+
+
+def _caught(fn):
+    """``fn()`` and the texts of the warnings it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped byte"])
+def test_corrupt_entry_is_dropped_and_recompiled(disk_cache, dev, damage):
+    assert _step(dev, 7) == 70.0
+    entries = _entries(disk_cache)
+    assert len(entries) == 1
+    good = entries[0].read_bytes()
+    bad = {
+        "garbage": b"garbage",
+        "truncated": good[: len(good) // 2],
+        "flipped byte": good[:-100] + bytes([good[-100] ^ 1]) + good[-99:],
+    }[damage]
+    entries[0].write_bytes(bad)
+    cache.clear()
+    value, warned = _caught(lambda: _step(dev, 7))
+    assert value == 70.0
+    assert len([w for w in warned if "could not be loaded" in w]) == 1, warned
+    assert entries[0].read_bytes() not in (bad, b"")  # written afresh
+    cache.clear()
+    before = lazyxla.metrics.counters()["persistent_cache_hits"]
+    assert _step(dev, 7) == 70.0
+    assert lazyxla.metrics.counters()["persistent_cache_hits"] == before + 1
+
+
+def test_an_entry_copied_under_another_programs_name_is_not_used(disk_cache, dev):
+    """A valid entry (same folder, same key) stored under another program's name is a miss, not its results."""
+    m = torch.arange(9.0).reshape(3, 3).to(dev)
+    assert m.sum(dim=0).tolist() == [9.0, 12.0, 15.0]
+    (columns,) = _entries(disk_cache)
+    assert m.sum(dim=1).tolist() == [3.0, 12.0, 21.0]  # same shapes and program signature, another constant
+    (rows,) = set(_entries(disk_cache)) - {columns}
+    rows.write_bytes(columns.read_bytes())  # the row sums' name now holds the column sums' program
+    cache.clear()
+    counters = lazyxla.metrics.counters()
+    value, warned = _caught(lambda: m.sum(dim=1).tolist())
+    assert value == [3.0, 12.0, 21.0]
+    assert len([w for w in warned if "another program" in w]) == 1, warned
+    after = lazyxla.metrics.counters()
+    assert after["persistent_cache_hits"] == counters["persistent_cache_hits"]
+    assert after["persistent_cache_misses"] == counters["persistent_cache_misses"] + 1
+    assert rows.read_bytes() != columns.read_bytes()  # rewritten with its own program
+    cache.clear()
+    assert m.sum(dim=1).tolist() == [3.0, 12.0, 21.0]
+    assert m.sum(dim=0).tolist() == [9.0, 12.0, 15.0]
+    assert lazyxla.metrics.counters()["persistent_cache_hits"] == after["persistent_cache_hits"] + 2
+
+
+class _Plant:
+    """A pickle that, when unpickled, creates a file (as an attacker's command would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("form", ["v1 checksum", "forged tag"])
+def test_a_planted_entry_is_never_unpickled(disk_cache, dev, tmp_path, form):
+    """An entry written by someone without the folder's key is rejected before any of it is unpickled."""
+    import hashlib
+    import hmac
+    import pickle
+
+    assert _step(dev, 6) == 51.0
+    (entry,) = _entries(disk_cache)
+    marker = tmp_path / "the-attacker-ran"
+    payload = pickle.dumps(_Plant(marker))
+    if form == "v1 checksum":  # the format of the unauthenticated cache: a checksum anyone can compute
+        planted = b"lazyxla-executable-v1\n" + hashlib.blake2b(payload, digest_size=32).digest() + payload
+    else:  # today's format, its name and environment right, tagged with a guessed key
+        body = bytes.fromhex(entry.name[: -len(".lxc")]) + cache._environment_digest() + payload
+        planted = cache._MAGIC + hmac.new(os.urandom(32), cache._MAGIC + body, hashlib.sha256).digest() + body
+    entry.write_bytes(planted)
+    cache.clear()
+    value, warned = _caught(lambda: _step(dev, 6))
+    assert value == 51.0
+    assert not marker.exists(), "the planted pickle was unpickled"
+    assert len([w for w in warned if "could not be loaded" in w]) == 1, warned
+    assert entry.read_bytes() != planted
+
+
+def _refused(dev, folder: Path) -> list[str]:
+    """Run two programs with the cache in ``folder``: right results, nothing written; the warnings."""
+    before = sorted(folder.rglob("*"))
+    counters = lazyxla.metrics.counters()
+
+    def run():
+        return _step(dev, 5), _step(dev, 6)
+
+    values, warned = _caught(run)
+    assert values == (35.0, 51.0)
+    after = lazyxla.metrics.counters()
+    for name in ("persistent_cache_hits", "persistent_cache_misses"):
+        assert after[name] == counters[name], name
+    assert sorted(folder.rglob("*")) == before
+    return [w for w in warned if "persistent compilation cache" in w]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_a_folder_others_can_write_turns_the_cache_off(disk_cache, dev, mode):
+    disk_cache.mkdir(mode=0o700)
+    os.chmod(disk_cache, mode)
+    warned = _refused(dev, disk_cache)
+    assert len(warned) == 1, warned
+    assert "writable by" in warned[0] and "chmod go-w" in warned[0] and "is off" in warned[0]
+
+
+def test_a_folder_of_another_user_turns_the_cache_off(disk_cache, dev, monkeypatch):
+    disk_cache.mkdir(mode=0o700)
+    monkeypatch.setattr(cache, "_uid", lambda: os.stat(disk_cache).st_uid + 1)  # as if it were someone else's
+    warned = _refused(dev, disk_cache)
+    assert len(warned) == 1 and "belongs to another user" in warned[0], warned
+
+
+def test_under_the_user_cache_root_parents_are_checked_and_created_private(tmp_path, dev, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(cache, "_broken", {})
+    monkeypatch.setattr(cache, "_ready", type(cache._ready)())
+    folder = tmp_path / "xdg" / "lazyxla" / "xla"
+    with lazyxla.config.override(persistent_cache=True, cache_dir=str(folder)):
+        cache.clear()
+        assert _step(dev, 5) == 35.0
+        for made in (folder.parent, folder):
+            assert made.stat().st_mode & 0o777 == 0o700, made
+        assert (folder / "hmac-key").stat().st_mode & 0o777 == 0o600
+        assert len(_entries(folder)) == 1
+        os.chmod(folder.parent, 0o777)  # someone else could now swap lazyxla/xla for a folder of theirs
+        monkeypatch.setattr(cache, "_ready", type(cache._ready)())
+        cache.clear()
+        warned = _refused(dev, folder.parent)
+    cache.clear()
+    assert len(warned) == 1 and str(folder.parent) in warned[0] and "writable by" in warned[0], warned
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_key_file_others_can_read_is_refused(disk_cache, dev, mode):
+    disk_cache.mkdir(mode=0o700)
+    key = disk_cache / "hmac-key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, mode)
+    warned = _refused(dev, disk_cache)
+    assert len(warned) == 1 and "key file" in warned[0] and "chmod 600" in warned[0], warned
+
+
+def test_processes_share_the_folder_key(disk_cache, dev):
+    """The key is made once and kept: a new process (here: forgetting the checked folder) loads the entry."""
+    assert _step(dev, 9) == 117.0
+    key = (disk_cache / "hmac-key").read_bytes()
+    cache._ready.clear()
+    cache.clear()
+    hits = lazyxla.metrics.counters()["persistent_cache_hits"]
+    assert _step(dev, 9) == 117.0
+    assert lazyxla.metrics.counters()["persistent_cache_hits"] == hits + 1
+    assert (disk_cache / "hmac-key").read_bytes() == key
+
+
+def test_least_recently_used_entries_are_evicted_beyond_the_cap(disk_cache, dev):
+    programs = {n: 3 * n * (n - 1) / 2 + n for n in (3, 4, 5, 6)}  # arange(n) * 3 + 1, summed
+    for n in (3, 4, 5):
+        assert _step(dev, n) == programs[n]
+    named = {}
+    for n, entry in zip((3, 4, 5), sorted(_entries(disk_cache), key=lambda p: p.stat().st_mtime_ns)):
+        named[n] = entry
+    # the write order, made unambiguous (a file system's clock may not tell apart writes a moment apart)
+    now = time.time()
+    for age, n in ((300, 3), (200, 4), (100, 5)):
+        os.utime(named[n], (now - age, now - age))
+    sizes = [p.stat().st_size for p in named.values()]
+    cap = sum(sizes) + min(sizes) // 2  # room for three entries, not four
+    with lazyxla.config.override(persistent_cache_max_bytes=cap):
+        cache.clear()
+        assert _step(dev, 3) == programs[3]  # a load: 3 becomes the most recently used
+        assert _step(dev, 6) == programs[6]  # a fourth entry: the least recently used one (4) goes
+        left = _entries(disk_cache)
+        assert sum(p.stat().st_size for p in left) <= cap
+        assert named[4] not in left and named[3] in left and named[5] in left and len(left) == 3
+        assert lazyxla.metrics.counters()["persistent_cache_evictions"] == 1
+        cache.clear()
+        hits = lazyxla.metrics.counters()["persistent_cache_hits"]
+        assert _step(dev, 5) == programs[5] and _step(dev, 3) == programs[3]
+        assert lazyxla.metrics.counters()["persistent_cache_hits"] == hits + 2
+        assert _step(dev, 4) == programs[4]  # evicted: compiled again
+        assert lazyxla.metrics.counters()["persistent_cache_hits"] == hits + 2
+        assert sum(p.stat().st_size for p in _entries(disk_cache)) <= cap
+
+
+def test_an_entry_larger_than_the_cap_is_not_kept(disk_cache, dev):
+    with lazyxla.config.override(persistent_cache_max_bytes=100):
+        value, warned = _caught(lambda: _step(dev, 8))
+    assert value == 92.0
+    assert not _entries(disk_cache)
+    assert len([w for w in warned if "larger than" in w and "PERSISTENT_CACHE_MAX_BYTES" in w]) == 1, warned
+
+
+def _dead_pid() -> int:
+    probe = [sys.executable, "-c", "import os; print(os.getpid())"]
+    proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    return int(proc.stdout)  # exited and reaped
+
+
+def test_temporary_files_of_killed_writers_are_removed_when_the_folder_is_opened(disk_cache, dev):
+    from lazyxla.collectives import training
+
+    disk_cache.mkdir(mode=0o700)
+    name = "0" * 64 + ".lxc"
+    dead = disk_cache / f".{name}.tmp.{_dead_pid()}.0123abcd.{training._HOST}"
+    writing = disk_cache / f".{name}.tmp.{os.getpid()}.4567abcd.{training._HOST}"  # a live writer's
+    elsewhere = disk_cache / f".{name}.tmp.1.89abcdef.another-host"  # a writer on another host sharing the folder
+    abandoned = disk_cache / f".{name}.tmp.1.cdef0123.another-host"
+    unrelated = disk_cache / "notes.tmp"
+    for p in (dead, writing, elsewhere, abandoned, unrelated):
+        p.write_bytes(b"partial")
+    two_days = time.time() - 2 * 24 * 3600
+    os.utime(abandoned, (two_days, two_days))
+    assert _step(dev, 5) == 35.0
+    assert not dead.exists() and not abandoned.exists()
+    assert writing.exists() and elsewhere.exists() and unrelated.exists()
+    assert len(_entries(disk_cache)) == 1
 
 
 def test_user_jit_compiles_do_not_use_lazyxla_folder(tmp_path, dev):

@@ -3,14 +3,18 @@
 ``optimizer_step`` averages every gradient over the replicas (a few coalesced all-reduces, bucketed
 by size, inside the step's program) and then steps the optimizer. ``save``/``load`` write and read
 nested state (dicts, lists, tuples of tensors and plain values) with device tensors moved to the CPU,
-atomically: a crash mid-save leaves the previous file as it was.
+atomically: a crash mid-save leaves the previous file as it was, and the next save of that file removes
+the temporary file the killed writer left.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import tempfile
+import re
+import secrets
+import socket
+import time
 from typing import Any
 
 import torch
@@ -108,25 +112,100 @@ def _to_cpu(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+# Temporary files of atomic_write: ".<target>.tmp.<pid>.<8 hex>.<host>", so that one left by a killed writer
+# can be told apart from one being written (by its pid on this host) and removed by the next writer.
+_TEMP = re.compile(r"^\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}\.(?P<host>[A-Za-z0-9-]+)$")
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+_TARGET_CHARS = 120  # of the target's name in a temporary file's name (file names are limited to 255 bytes)
+STALE_TEMP_S = 24 * 3600  # a temporary file this old is stale whoever wrote it (another host's writer, say)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike, target: str | None = None) -> int:
+    """Remove the temporary files that killed :func:`atomic_write` calls left in ``folder``; how many.
+
+    A temporary file is stale when its writer, a process on this host, is no longer running, or when it
+    is older than ``STALE_TEMP_S`` (a writer on another host sharing the folder). With ``target`` (a file
+    name in ``folder``) only that file's temporary files are considered. Files not named as
+    ``atomic_write`` names them are never touched.
+
+    Example::
+
+        remove_stale_temps("run")                 # every file's
+        remove_stale_temps("run", "ckpt.pt")      # only those of run/ckpt.pt
+    """
+    prefix = None if target is None else target[:_TARGET_CHARS]
+    removed = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    now = time.time()
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m is None or (prefix is not None and m["target"] != prefix):
+            continue
+        try:
+            old = now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S
+            if old or (m["host"] == _HOST and not _alive(int(m["pid"]))):
+                os.remove(entry.path)
+                removed += 1
+        except OSError:  # removed meanwhile by another cleaner, or not ours to remove
+            pass
+    return removed
+
+
+def _create_temp(folder: str, target: str) -> tuple[int, str]:
+    """A new private (0600) temporary file for ``target`` in ``folder``: (descriptor, path)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        name = f".{target[:_TARGET_CHARS]}.tmp.{os.getpid()}.{secrets.token_hex(4)}.{_HOST}"
+        path = os.path.join(folder, name)
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:  # another writer drew the same random part: draw again
+            continue
+    raise FileExistsError(f"lazyxla: could not create a temporary file for {target} in {folder}")
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, replace: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
 
-    A temporary file in the same folder is written and fsynced, then renamed over ``path``, and the
-    folder is fsynced so the rename survives a crash.
+    A temporary file in the same folder (``.<name>.tmp.<pid>.<random>.<host>``, created with O_EXCL, mode
+    0600) is written and fsynced, then renamed over ``path``, and the folder is fsynced so the rename
+    survives a crash. The temporary files of ``path`` that killed writers left behind are removed first
+    (:func:`remove_stale_temps`). With ``replace=False`` an existing ``path`` is kept and
+    ``FileExistsError`` raised (the file is published with a hard link, which never replaces).
 
     Example::
 
         atomic_write("run/state.bin", payload)
+        atomic_write("run/secret", key, replace=False)     # only if no other process wrote it first
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    target = os.path.basename(path)
+    remove_stale_temps(folder, target)
+    fd, tmp = _create_temp(folder, target)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.remove(tmp)
     except BaseException:
         try:
             os.remove(tmp)

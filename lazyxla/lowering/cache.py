@@ -10,25 +10,34 @@ donations, the device), of lazyxla's source code, the lowering flags and the jax
 Because the key is the recorded graph and not the lowered program, a new process running the same
 steps skips lowering as well as compiling: it walks the graph, hashes it and loads the executable.
 
-Entries are written atomically (a temporary file in the folder, then a rename) and carry a checksum:
-a torn or corrupt file is found, removed and the program compiled again, with one warning. The folder
-is created private (0700): an entry is machine code that this process will run, so, as with jax's own
-cache, only point ``cache_dir`` at folders you trust. jax's configuration is never changed; a jax
-compilation cache the user turned on for jax applies to lazyxla's compiles as to any ``jax.jit``.
+Trust: an entry is machine code this process will run, so the folder must be the user's and writable by
+no one else (and, under the user's cache root, so must its parents up to that root); else the disk cache
+is off for the process, with one warning. Missing folders are created 0700. Each entry is authenticated
+with HMAC-SHA256 under a random key kept in the folder (``hmac-key``, 0600, made by the first process)
+before any of it is unpickled, and carries its own name and the environment's digest: a corrupt, foreign
+or renamed entry is a miss (warned once per kind), compiled again and rewritten, never another program's
+results. Entries are written with ``atomic_write`` (fsync, rename); temporary files of killed writers are
+removed when a process opens the folder. The entries are kept under ``config.persistent_cache_max_bytes``
+by removing the least recently used (a load touches the entry's modification time). jax's configuration
+is never changed; a jax compilation cache the user turned on for jax applies to lazyxla's compiles as to
+any ``jax.jit``.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import hmac
 import os
-import tempfile
+import secrets
+import stat
 import warnings
 
 import jax
 
 from lazyxla.collectives.ops import COLLECTIVE_OPS
-from lazyxla.config import config, foreign_env
+from lazyxla.collectives.training import atomic_write, remove_stale_temps
+from lazyxla.config import config, foreign_env, user_cache_root
 from lazyxla.device import distributed, runtime
 from lazyxla.lazy import metrics
 from lazyxla.lowering import replica
@@ -37,7 +46,7 @@ from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
 
 _broken: dict[str, str] = {}  # cache folder -> why the disk cache is off for it (warned once)
-_ready: set[str] = set()  # cache folders created and usable
+_ready: dict[str, bytes] = {}  # cache folder checked and usable -> its key
 _warned: set[str] = set()
 
 
@@ -97,10 +106,10 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         )
     reps = replica.replicas() if collective and distributed.world_size() > 1 else None
     dev = None if spmd else runtime.jax_device(device)
-    folder = _folder()
-    path = None
+    store = _folder()
+    name = None
     executable = None
-    if folder is not None:
+    if store is not None:
         with metrics.timer("disk_cache"):
             if spmd:  # one program over every device, compiled for its inputs' layouts
                 devices = list(runtime.global_devices())
@@ -111,8 +120,8 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
                 devices, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
             else:
                 devices, where = [dev], device
-            path = os.path.join(folder, _digest(order, leaves, roots, where, donated) + _SUFFIX)
-            executable = _load(path, devices, len(layout.specs(leaves, None)), len(roots))
+            name = _digest(order, leaves, roots, where, donated)
+            executable = _load(store, name, devices, len(layout.specs(leaves, None)), len(roots))
     if executable is not None:
         metrics.inc("persistent_cache_hits")
     else:
@@ -121,10 +130,10 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
                 lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
             with metrics.timer("compile"):
                 executable = lowered.compile()
-        if path is not None:
+        if name is not None:
             metrics.inc("persistent_cache_misses")
             with metrics.timer("disk_cache"):
-                _save(path, executable)
+                _save(store, name, executable)
     metrics.inc("compiles")  # a program this process built: compiled, or loaded from disk (counted apart)
     compiled = Compiled(executable, donated, layout, reps, spmd)
     _cache[key] = compiled
@@ -179,11 +188,23 @@ def clear() -> None:
 
 
 # --- the persistent (disk) cache --------------------------------------------------------------------
+#
+# An entry: _MAGIC, then the HMAC-SHA256 (under the folder's key) of the magic and the body, then the body:
+# the program's name (its 32-byte digest, which the file is named by), the environment's digest, and jax's
+# serialized executable. jax's serialization is a pickle wrapping XLA's executable (machine code): it is
+# only ever read after the tag is verified, so a file this user's lazyxla did not write is never unpickled.
 
-_MAGIC = b"lazyxla-executable-v1\n"
+_MAGIC = b"lazyxla-executable-v2\n"
 _SUFFIX = ".lxc"
-_CHECK = 32  # bytes of the entry's blake2b checksum, after the magic
+_KEY_FILE = "hmac-key"  # the folder's secret: 32 random bytes, mode 0600, created by the first process
+_KEY_BYTES = 32
+_TAG = 32  # bytes of the HMAC-SHA256 tag
+_NAME = 32  # bytes of the program's digest, then as many of the environment's
 _environment: tuple | None = None
+
+
+class _Unsafe(Exception):
+    """The cache folder or its key could be written by someone else: not to be trusted."""
 
 
 def _fingerprint() -> tuple:
@@ -213,6 +234,10 @@ def _fingerprint() -> tuple:
     return _environment
 
 
+def _environment_digest() -> bytes:
+    return hashlib.sha256(repr(_fingerprint()).encode()).digest()
+
+
 def _digest(order, leaves, roots, device, donated) -> str:
     """The 256-bit name of a program on disk: the graph exactly (ops, constants, wiring) and its setting."""
     index: dict[int, int] = {}
@@ -227,38 +252,132 @@ def _digest(order, leaves, roots, device, donated) -> str:
     return hashlib.blake2b(repr(parts).encode(), digest_size=32).hexdigest()
 
 
-def _folder() -> str | None:
-    """The disk cache's folder for this compile, or None: turned off, or unusable (warned once)."""
+def _uid() -> int:
+    return os.geteuid()
+
+
+def _folder() -> tuple[str, bytes] | None:
+    """The disk cache's folder for this compile and its key, or None: turned off, or unusable or unsafe
+    (warned once). The first use of a folder also removes the temporary files of killed writers."""
     if not config.persistent_cache or not config.cache_dir:
         return None
     path = os.path.abspath(os.path.expanduser(config.cache_dir))
     if path in _ready:
-        return path
+        return path, _ready[path]
     if path in _broken:
         return None
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)  # entries are executable code: keep them private
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(f"{path} is not writable")
+        for folder in _chain(path):
+            _make_private(folder)
+            _check_folder(folder)
+        key = _key(path)
     except Exception as e:
         _broken[path] = str(e)
+        why = str(e) if isinstance(e, _Unsafe) else f"the folder cannot be created or used ({type(e).__name__}: {e})"
         _warn_once(
             "off:" + path,
-            f"lazyxla: the persistent compilation cache in {path} is off for this process: the folder cannot "
-            f"be created or used ({type(e).__name__}: {e}). Programs are compiled as usual, just not reused "
-            "by other processes. Point lazyxla.config.cache_dir (LAZYXLA_CACHE_DIR) at a writable folder, or "
-            "turn the cache off with LAZYXLA_PERSISTENT_CACHE=0.",
+            f"lazyxla: the persistent compilation cache in {path} is off for this process: {why}. Programs are "
+            "compiled as usual, just not reused by other processes. Point lazyxla.config.cache_dir "
+            "(LAZYXLA_CACHE_DIR) at a folder of yours that only you can write, or turn the cache off with "
+            "LAZYXLA_PERSISTENT_CACHE=0.",
         )
         return None
-    _ready.add(path)
-    return path
+    remove_stale_temps(path)
+    _ready[path] = key
+    return path, key
 
 
-def _load(path: str, devices: list, n_args: int, n_outs: int):
-    """The executable stored at ``path`` loaded onto ``devices`` (one, or the replica mesh's), or None
-    (absent; unreadable: removed, warned)."""
+def _chain(path: str) -> list[str]:
+    """The folders that must be safe: from below the user's cache root down to ``path`` for a folder
+    in it (no one else may swap a parent), else ``path`` itself (the user chose it)."""
+    root = user_cache_root()
+    if path != root and os.path.commonpath([root, path]) == root:
+        parts = os.path.relpath(path, root).split(os.sep)
+        return [os.path.join(root, *parts[: i + 1]) for i in range(len(parts))]
+    return [path]
+
+
+def _make_private(path: str) -> None:
+    """Create ``path`` and its missing parents, each 0700 (os.makedirs gives parents the default mode)."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        _make_private(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+
+
+def _check_folder(folder: str) -> None:
+    """Raise unless ``folder`` is a folder of this user's that no one else can write to."""
+    st = os.stat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{folder} is not a folder")
+    if st.st_uid != _uid():
+        raise _Unsafe(
+            f"{folder} belongs to another user (uid {st.st_uid}, you are {_uid()}), who could plant entries "
+            "(machine code this process would run)"
+        )
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[st.st_mode & 0o022]
+        raise _Unsafe(
+            f"{folder} is writable by {who} "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}), who could plant entries (machine code this process would "
+            f"run); make it private with `chmod go-w {folder}` (and delete its entries if you do not trust them)"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{folder} is not writable")
+
+
+def _key(folder: str) -> bytes:
+    """The folder's secret key, from its key file (created on first use: random, 0600, atomically)."""
+    path = os.path.join(folder, _KEY_FILE)
+    if not os.path.lexists(path):
+        try:
+            atomic_write(path, secrets.token_bytes(_KEY_BYTES), replace=False)
+        except FileExistsError:  # another process created it first: use theirs
+            pass
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != _uid() or st.st_mode & 0o077:
+            raise _Unsafe(
+                f"its key file {path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) must be a "
+                f"file of yours that only you can read (mode 0600): `chmod 600 {path}` if you trust it, else "
+                "delete it (a new key is made; entries written under the old one are compiled again)"
+            )
+        key = f.read(_KEY_BYTES + 1)
+    if len(key) != _KEY_BYTES:
+        raise _Unsafe(f"its key file {path} is not {_KEY_BYTES} bytes long; delete it (a new key is made)")
+    return key
+
+
+def _tag(key: bytes, body: bytes) -> bytes:
+    return hmac.new(key, _MAGIC + body, hashlib.sha256).digest()
+
+
+def _rejected(key: bytes, blob: bytes, name: str) -> tuple[str, str] | None:
+    """Why the entry ``blob`` stored as ``name`` must not be used ((warning kind, reason)), or None."""
+    head = len(_MAGIC)
+    if blob[:head] != _MAGIC:
+        return "format", "not a lazyxla cache entry of this version"
+    tag, body = blob[head : head + _TAG], blob[head + _TAG :]
+    if len(body) < 2 * _NAME or not hmac.compare_digest(tag, _tag(key, body)):
+        return "tag", "its authentication tag does not match: truncated, corrupt, or not written with this folder's key"
+    if body[:_NAME] != bytes.fromhex(name):
+        return "name", "it is another program's entry (copied or renamed to this program's name)"
+    if body[_NAME : 2 * _NAME] != _environment_digest():
+        return "environment", "it was compiled for another environment (lazyxla, jax, XLA or device)"
+    return None
+
+
+def _load(store: tuple[str, bytes], name: str, devices: list, n_args: int, n_outs: int):
+    """The executable stored as ``name`` loaded onto ``devices`` (one, or the replica mesh's), or None:
+    absent, or unusable (warned once per kind; the caller compiles and rewrites it)."""
     from jax.experimental import serialize_executable
 
+    folder, key = store
+    path = os.path.join(folder, name + _SUFFIX)
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -267,56 +386,94 @@ def _load(path: str, devices: list, n_args: int, n_outs: int):
     except OSError as e:
         _warn_once("read", f"lazyxla: cannot read the persistent compilation cache entry {path} ({e}); compiling.")
         return None
-    try:
-        head = len(_MAGIC)
-        payload = blob[head + _CHECK :]
-        if blob[:head] != _MAGIC or blob[head : head + _CHECK] != hashlib.blake2b(payload, digest_size=_CHECK).digest():
-            raise ValueError("not a lazyxla cache entry, or truncated or corrupt (checksum mismatch)")
-        in_tree = jax.tree_util.tree_structure((tuple(range(n_args)), {}))
-        out_tree = jax.tree_util.tree_structure(tuple(range(n_outs)))
-        return serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices
-        )
-    except Exception as e:
-        _warn_once(
-            "read",
-            f"lazyxla: the persistent compilation cache entry {path} could not be loaded ({type(e).__name__}: "
-            f"{e}); it is removed and the program compiled again. If this repeats, delete the folder (it is only "
-            "a cache).",
-        )
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-        return None
+    rejected = _rejected(key, blob, name)
+    if rejected is None:
+        try:  # authenticated: jax's pickle of the executable is ours
+            in_tree = jax.tree_util.tree_structure((tuple(range(n_args)), {}))
+            out_tree = jax.tree_util.tree_structure(tuple(range(n_outs)))
+            executable = serialize_executable.deserialize_and_load(
+                blob[len(_MAGIC) + _TAG + 2 * _NAME :],
+                in_tree,
+                out_tree,
+                backend=devices[0].client,
+                execution_devices=devices,
+            )
+        except Exception as e:
+            rejected = "load", f"{type(e).__name__}: {e}"
+        else:
+            try:
+                os.utime(path)  # a use: the least recently used entries are evicted first
+            except OSError:
+                pass
+            return executable
+    kind, why = rejected
+    _warn_once(
+        kind,
+        f"lazyxla: the persistent compilation cache entry {path} could not be loaded ({why}); the program is "
+        "compiled again and the entry rewritten. If this repeats, delete the folder (it is only a cache).",
+    )
+    return None
 
 
-def _save(path: str, executable) -> None:
-    """Write the executable to ``path`` atomically (temporary file, rename); a failure warns once."""
+def _save(store: tuple[str, bytes], name: str, executable) -> None:
+    """Write the executable as ``name`` (atomic_write: fsync, rename), then keep the folder under the size
+    cap; a failure warns once."""
     from jax.experimental import serialize_executable
 
-    tmp = None
+    folder, key = store
+    path = os.path.join(folder, name + _SUFFIX)
+    cap = config.persistent_cache_max_bytes
     try:
         payload, _, _ = serialize_executable.serialize(executable)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=os.path.dirname(path))
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + hashlib.blake2b(payload, digest_size=_CHECK).digest() + payload)
-        os.replace(tmp, path)
-        tmp = None
+        body = bytes.fromhex(name) + _environment_digest() + payload
+        blob = _MAGIC + _tag(key, body) + body
+        if 0 < cap < len(blob):
+            _warn_once(
+                "large",
+                f"lazyxla: a compiled program of {len(blob)} bytes is not kept in the persistent compilation cache: "
+                f"it is larger than lazyxla.config.persistent_cache_max_bytes ({cap}). Raise the cap "
+                "(LAZYXLA_PERSISTENT_CACHE_MAX_BYTES) to keep such programs.",
+            )
+            return
+        atomic_write(path, blob)
+        _evict(folder, cap, keep=path)
     except Exception as e:
         _warn_once(
             "write",
-            f"lazyxla: could not write to the persistent compilation cache in {os.path.dirname(path)} "
+            f"lazyxla: could not write to the persistent compilation cache in {folder} "
             f"({type(e).__name__}: {e}); runs go on, but another process will compile again. Make the "
             "folder writable, point lazyxla.config.cache_dir (LAZYXLA_CACHE_DIR) elsewhere, or turn the "
             "cache off with LAZYXLA_PERSISTENT_CACHE=0.",
         )
-    finally:
-        if tmp is not None:
+
+
+def _evict(folder: str, cap: int, keep: str) -> None:
+    """Remove the least recently used entries (oldest modification time: written or loaded) until the
+    folder's entries fit in ``cap`` bytes (0: no cap); ``keep`` (the entry just written) stays."""
+    if cap <= 0:
+        return
+    entries = []
+    for entry in os.scandir(folder):
+        if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."):
             try:
-                os.remove(tmp)
-            except OSError:
-                pass
+                st = entry.stat(follow_symlinks=False)
+            except OSError:  # evicted meanwhile by another process
+                continue
+            entries.append((st.st_mtime_ns, entry.name, st.st_size, entry.path))
+    total = sum(e[2] for e in entries)
+    for _, _, size, path in sorted(entries):
+        if total <= cap:
+            break
+        if path == keep:
+            continue
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # another process evicted it: it no longer counts either
+            pass
+        except OSError:
+            continue
+        total -= size
+        metrics.inc("persistent_cache_evictions")
 
 
 def _warn_once(kind: str, message: str) -> None:
