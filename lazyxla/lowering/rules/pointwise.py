@@ -656,3 +656,14 @@ def _logspace(ctx, start, end, steps, base=10.0, **_):
 @lowers(aten.eye.default, aten.eye.m)
 def _eye(ctx, n, m=None, **_):
     return jnp.eye(n, m, dtype=ctx.dtype)
+
+
+# Row-major like PyTorch's; the indices depend only on the arguments, so they are constants of the program.
+@lowers(aten.tril_indices.default)
+def _tril_indices(ctx, row, col, offset=0, **_):
+    return jnp.asarray(np.stack(np.tril_indices(row, offset, col)).reshape(2, -1), ctx.dtype)
+
+
+@lowers(aten.triu_indices.default)
+def _triu_indices(ctx, row, col, offset=0, **_):
+    return jnp.asarray(np.stack(np.triu_indices(row, offset, col)).reshape(2, -1), ctx.dtype)
