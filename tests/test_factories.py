@@ -50,7 +50,7 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return torch.empty(shape).stride()
 
 
-# name -> (make(device, dtype, shape), dtypes, shapes, deterministic). make builds on `device`; factories that
+# name -> (make(device, dtype, shape), dtypes, deterministic). make builds on `device`; factories that
 # start from another tensor build that tensor on the CPU and move it (or not) as the case says.
 _SHAPED = {
     "zeros": (lambda d, dt, s: torch.zeros(s, dtype=dt, device=d), ALL, True),
@@ -133,12 +133,22 @@ _UNSHAPED = {
     "randperm": (lambda d: torch.randperm(6, device=d), False),
     "randperm_empty": (lambda d: torch.randperm(0, device=d), False),
     "tensor_list_of_tensors": (lambda d: torch.tensor([torch.tensor(1.5), torch.tensor(-2.0)], device=d), True),
+    "hann_window": (lambda d: torch.hann_window(5, device=d), True),
+    "hamming_window": (lambda d: torch.hamming_window(4, periodic=False, device=d), True),
+    "bartlett_window": (lambda d: torch.bartlett_window(5, device=d), True),
+    "blackman_window_bf16": (lambda d: torch.blackman_window(6, dtype=BF16, device=d), True),
+    "kaiser_window": (lambda d: torch.kaiser_window(6, device=d), True),
+    "kaiser_window_symmetric_beta": (lambda d: torch.kaiser_window(7, False, 3.5, device=d), True),
+    "kaiser_window_float64": (lambda d: torch.kaiser_window(8, True, 20.0, dtype=torch.float64, device=d), True),
+    "kaiser_window_one": (lambda d: torch.kaiser_window(1, device=d), True),
+    "kaiser_window_empty": (lambda d: torch.kaiser_window(0, device=d), True),
 }
 
 
 # Every dtype x every shape class for the factories that build from Python data (the lift path) and two that
 # are recorded; the others take each dtype once, with shape classes rotating over dtypes and factories, so that
-# each factory sees every dtype and every shape class and the suite sees every pair many times.
+# each factory sees every dtype and every shape class and the suite sees every pair many times. The *_cpu_base
+# variants (a CPU tensor's *_like / new_* with device=) take each shape class once.
 _FULL_PRODUCT = {"tensor", "as_tensor", "asarray", "new_tensor", "new_tensor_cpu_base", "zeros", "full"}
 
 
@@ -148,6 +158,8 @@ def _shaped_cases():
             pairs = [(dtype, ()) for dtype in dtypes]
         elif name in _FULL_PRODUCT:
             pairs = [(dtype, shape) for dtype in dtypes for shape in SHAPES]
+        elif name.endswith("_cpu_base"):  # the same factory as without the suffix, given device= instead
+            pairs = list(zip(dtypes[k % len(dtypes) :] + dtypes, SHAPES))
         else:
             pairs = [(dtype, SHAPES[(i + k) % len(SHAPES)]) for i, dtype in enumerate(dtypes)]
             pairs += [(dtype, shape) for dtype, shape in zip(dtypes, SHAPES) if (dtype, shape) not in pairs]
