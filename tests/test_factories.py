@@ -272,6 +272,13 @@ def test_random_integer_bounds_check_leaves_the_cpu_stream_alone(dev):
     assert torch.equal(torch.rand(4), expected)
 
 
+def test_legacy_tensor_new_from_data(dev):
+    t = torch.ones(2, dtype=torch.int64).to(dev).new([[1, 2], [3, 4]])  # the same lift as torch.tensor
+    t += torch.ones(2, 2, dtype=torch.int64).to(dev)
+    t[0].mul_(10)
+    assert t.tolist() == [[20, 30], [4, 5]] and t.dtype == torch.int64
+
+
 def test_randperm_is_a_permutation(dev):
     assert sorted(torch.randperm(7, device=dev).tolist()) == list(range(7))
 
