@@ -11,6 +11,7 @@ import torch
 from lazyxla import autocast
 from lazyxla.device import registration, runtime
 from lazyxla.lazy import rng
+from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
@@ -102,6 +103,9 @@ _FACTORIES = (
     "randperm",
     "rand",
     "randn",
+    "kaiser_window",  # its CompositeExplicit kernel calls a per-device DispatchStub, which lazyxla has not
+    "kaiser_window.periodic",
+    "kaiser_window.beta",
 )
 
 
@@ -185,7 +189,7 @@ _functionalize_library = None
 
 
 def install() -> None:
-    registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS)
+    registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS, wait_device_ops)
     DEVICE_KERNEL_OPS.update(_overload(name) for name in KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())

@@ -10,6 +10,8 @@ import contextlib
 import ctypes
 import functools
 import os
+import warnings
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -50,8 +52,9 @@ class _BackendModule:
 
     _initialized = True  # torch.utils.checkpoint saves the RNG state only of initialized device modules
 
-    def __init__(self, rng) -> None:
+    def __init__(self, rng, synchronize: Callable[[], None]) -> None:
         self._rng = rng
+        self._wait = synchronize
 
     def is_available(self) -> bool:
         return True
@@ -71,10 +74,24 @@ class _BackendModule:
     @contextlib.contextmanager
     def device(self, index):
         """A context for ``index`` (the RNG is shared, so nothing changes inside it); checks the index."""
-        index = torch.device(index).index if isinstance(index, (str, torch.device)) else index
+        self._check_index(index)
+        yield
+
+    def synchronize(self, device=None) -> None:
+        """Wait until the work already sent to the device is done (as ``torch.cuda.synchronize``); ops recorded
+        since the last ``lazyxla.sync()`` are not sent yet, so they are not waited for. One process's devices
+        run one program per step, so every index waits for all of them.
+
+        Example:
+            >>> lazyxla.sync(); torch.lazyxla.synchronize()   # e.g. before reading a wall clock
+        """
+        self._check_index(device)
+        self._wait()
+
+    def _check_index(self, device) -> None:
+        index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
         if index is not None and not 0 <= int(index) < self.device_count():
             raise ValueError(f"lazyxla device index {index} is out of range: this process has {self.device_count()}")
-        yield
 
     def manual_seed(self, seed: int) -> None:
         self._rng.manual_seed(seed)
@@ -196,19 +213,107 @@ def _install_backward_error_relay() -> None:
     torch.autograd._engine_run_backward = run
 
 
+# ---- pinned host memory and torch.accelerator ----
+#
+# With lazyxla registered, PyTorch reports it as the current accelerator (torch.accelerator), so
+# ``Tensor.pin_memory()`` and ``DataLoader(pin_memory=True)`` ask it for a pinned-memory allocator. PyTorch's
+# Python hooks (torch._C._acc.PrivateUse1Hooks, torch 2.13 and 2.14) cannot provide one: its C++ side raises
+# NotImplementedError, so importing lazyxla broke CPU programs that pin. jax copies to the device from
+# ordinary host memory, so lazyxla's pinned memory is ordinary CPU memory: ``_pin_memory`` for lazyxla copies
+# the tensor into a new CPU tensor (as PyTorch's kernel copies it into pinned memory) and remembers its
+# storage, which ``is_pinned`` then reports. For any other device both run PyTorch's own kernels.
+
+_pinned_storages: weakref.WeakSet = weakref.WeakSet()  # storages of tensors _pin_memory made for lazyxla
+
+
+def _pins_for_lazyxla(device) -> bool:
+    if device is not None:
+        return torch.device(device).type == NAME
+    current = torch.accelerator.current_accelerator()
+    return current is not None and current.type == NAME
+
+
+def _pytorch_kernel(op: str, key: str):
+    """PyTorch's kernel of ``op`` for the dispatch key ``key``, taken before lazyxla registers its own."""
+    return torch._C._dispatch_get_computed_kernel_for_dispatch_key(op, getattr(torch._C.DispatchKey, key))
+
+
+def _pin_memory_kernels() -> dict[str, Callable]:
+    pin, is_pinned = _pytorch_kernel("aten::_pin_memory", "CPU"), _pytorch_kernel("aten::is_pinned", "CPU")
+
+    def _pin_memory(keyset, self, device=None):
+        if not _pins_for_lazyxla(device):
+            return pin.call_boxed(keyset, self, device)
+        out = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype, device="cpu")
+        out.copy_(self)
+        _pinned_storages.add(out.untyped_storage())
+        return out
+
+    def _is_pinned(keyset, self, device=None):
+        if not _pins_for_lazyxla(device):
+            return is_pinned.call_boxed(keyset, self, device)
+        return self.untyped_storage() in _pinned_storages
+
+    return {"_pin_memory": _pin_memory, "is_pinned": _is_pinned}
+
+
+def _pin_device_tensor(self, device=None):
+    """``lazyxla_tensor.pin_memory()``: PyTorch's error for a tensor that is not on the CPU."""
+    raise RuntimeError(
+        f"cannot pin a tensor on {self.device}: only dense CPU tensors can be pinned (it is on the device already)"
+    )
+
+
+def _device_tensor_is_pinned(self, device=None) -> bool:
+    """``lazyxla_tensor.is_pinned()``: False, as PyTorch answers for any tensor not on the CPU (no host read)."""
+    return False
+
+
+def _lazyxla_is_current(query: Callable) -> Callable:
+    """``torch.accelerator.<query>`` that answers from ``torch.lazyxla`` while lazyxla is the current accelerator.
+    PyTorch asks these of the device guard in C++, and its Python device guard has no way to answer them:
+    it says one device, and raises for synchronize."""
+
+    @functools.wraps(query)
+    def answer(*args, **kwargs):
+        current = torch.accelerator.current_accelerator()
+        if current is None or current.type != NAME:
+            return query(*args, **kwargs)
+        return getattr(torch.lazyxla, query.__name__)(*args, **kwargs)
+
+    answer._lazyxla = True
+    return answer
+
+
+def _install_accelerator_queries() -> None:
+    for name in ("device_count", "synchronize"):
+        query = getattr(torch.accelerator, name)
+        if not getattr(query, "_lazyxla", False):
+            setattr(torch.accelerator, name, _lazyxla_is_current(query))
+
+
 _library = None
 _autograd_library = None
+_cpu_library = None
 
 
-def register(kernels: dict[str, Callable], rng, fallback: Callable, autograd_kernels: dict[str, Callable]) -> None:
+def register(
+    kernels: dict[str, Callable],
+    rng,
+    fallback: Callable,
+    autograd_kernels: dict[str, Callable],
+    synchronize: Callable[[], None],
+) -> None:
     """Rename PrivateUse1 to ``lazyxla`` and install the backend kernels (idempotent).
 
     ``kernels`` are per-op kernels; ``rng`` is the device RNG (``manual_seed``, ``get_state``, ``set_state``);
     ``fallback`` receives every other op that reaches the lazyxla backend key, as
     ``fallback(op, *args, **kwargs)``; ``autograd_kernels`` replace PyTorch's composite kernels of some
-    aten ops for lazyxla tensors, above autograd (``"scaled_dot_product_attention": fn``).
+    aten ops for lazyxla tensors, above autograd (``"scaled_dot_product_attention": fn``); ``synchronize``
+    waits for the work sent to the devices (``torch.lazyxla.synchronize``, ``torch.accelerator.synchronize``).
+    Also pinned host memory for lazyxla (``Tensor.pin_memory``, ``DataLoader(pin_memory=True)``).
     """
-    global _done, _library, _autograd_library
+    global _done, _library, _autograd_library, _cpu_library
     if _done:
         return
     check_torch_version()
@@ -219,8 +324,11 @@ def register(kernels: dict[str, Callable], rng, fallback: Callable, autograd_ker
             f"PyTorch's PrivateUse1 device is already taken by {torch._C._get_privateuse1_backend_name()!r}; "
             "lazyxla cannot be used in the same process as that backend"
         )
-    _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(rng), device_guard=_DeviceGuard())
+    _setup_privateuseone_for_python_backend(
+        NAME, backend_module=_BackendModule(rng, synchronize), device_guard=_DeviceGuard()
+    )
     _install_backward_error_relay()
+    _install_accelerator_queries()
     for name, fn in kernels.items():
         torch.library.impl(name, "privateuseone")(fn)
     _library = torch.library.Library("_", "IMPL")
@@ -228,6 +336,13 @@ def register(kernels: dict[str, Callable], rng, fallback: Callable, autograd_ker
     _autograd_library = torch.library.Library("aten", "IMPL")
     for name, fn in autograd_kernels.items():
         _autograd_library.impl(name, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))
+    _autograd_library.impl("_pin_memory", _pin_device_tensor, "AutogradPrivateUse1")
+    _autograd_library.impl("is_pinned", _device_tensor_is_pinned, "AutogradPrivateUse1")
+    _cpu_library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": PyTorch's, which ours call
+        warnings.simplefilter("ignore", UserWarning)
+        for name, fn in _pin_memory_kernels().items():
+            _cpu_library.impl(name, fn, "CPU", with_keyset=True)
     _done = True
 
 

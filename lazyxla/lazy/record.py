@@ -9,6 +9,7 @@ on the CPU (a counted, warned fallback; an error in strict mode).
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 
 import torch
@@ -396,6 +397,57 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return record(aten._to_copy.default, (x,), {"dtype": dtype})
 
 
+# Per thread: how many PyTorch decompositions are running here, below functionalization. A factory they call
+# (``torch.tensor(0, device=x.device)`` in ``_linspace_from_neg_one``) must give them a bare LazyTensor.
+_nested = threading.local()
+_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+
+
+def _lift(fresh):
+    """``aten.lift_fresh`` / ``lift`` (and ``lift_fresh_copy`` on a copy): the last step of ``torch.tensor``,
+    ``as_tensor``, ``asarray`` and ``Tensor.new_tensor`` with ``device=``. PyTorch builds that tensor with
+    functionalization switched off, so ``fresh`` is a bare LazyTensor, and leaves it to the device's lift
+    kernel to put it under functionalization (torch_xla's wraps it there too). Handed to the user bare, it
+    fails in ``.tolist()`` and in any in-place op mixing it with ordinary lazyxla tensors ("mutating a
+    non-functional tensor with a functional tensor"). It stays bare where functionalization wraps it itself
+    (its mode is on: the key is in the thread's include set) and inside a decomposition running here."""
+    if getattr(_nested, "depth", 0) or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE):
+        return fresh
+    return wrap(fresh)
+
+
+def _decomposed(decomp, args, kwargs):
+    _nested.depth = getattr(_nested, "depth", 0) + 1
+    try:
+        return decomp(*args, **kwargs)
+    finally:
+        _nested.depth -= 1
+
+
+# PyTorch checks random_'s bounds in its CPU/CUDA kernels, not in the meta kernels that record an op: without
+# this, torch.randint(0, 5, dtype=torch.bool, device=dev) drew numbers where PyTorch raises. The bounds are
+# checked by PyTorch's own CPU kernel on an empty scratch tensor (no draw; a private generator, so never the
+# user's CPU stream), which raises its exceptions and warnings, word for word, at the user's call.
+_SCRATCH_GENERATOR = torch.Generator()
+_RANDOM_BOUNDS = {  # op -> (x, *args, **kwargs) -> (dtype, from, to) as random_ takes them
+    getattr(aten.random, "from"): lambda x, from_, to=None, **_: (x.dtype, from_, to),
+    aten.random.to: lambda x, to, **_: (x.dtype, 0, to),
+    aten.randint_like.default: lambda x, high, *, dtype=None, **_: (dtype or x.dtype, 0, high),
+    aten.randint_like.low_dtype: lambda x, low, high, *, dtype=None, **_: (dtype or x.dtype, low, high),
+}
+
+
+def _random_bounds_checked(func):
+    bounds = _RANDOM_BOUNDS[func]
+
+    def handler(*args, **kwargs):
+        dtype, from_, to = bounds(*args, **kwargs)
+        torch.empty(0, dtype=dtype).random_(from_, to, generator=_SCRATCH_GENERATOR)
+        return record(func, args, kwargs)
+
+    return handler
+
+
 def _local_scalar_dense(x):
     return _to_cpu(x, reason=".item()").item()
 
@@ -479,15 +531,18 @@ _SPECIAL = {
     aten.copy.default: _copy,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.lift_fresh.default: lambda x: x,
+    aten.lift_fresh.default: _lift,
+    aten.lift.default: _lift,
     aten.detach.default: _alias,
     aten.alias.default: _alias,
     aten.clone.default: lambda x, memory_format=None: _alias(x),
     aten.detach_copy.default: _alias,
     aten.alias_copy.default: _alias,
-    aten.lift_fresh_copy.default: _alias,
+    aten.lift_fresh_copy.default: lambda x: _lift(_alias(x)),
 }
 
+
+_SPECIAL.update({func: _random_bounds_checked(func) for func in _RANDOM_BOUNDS})
 
 SPECIAL_OPS = frozenset(_SPECIAL)
 
@@ -751,7 +806,7 @@ def dispatch(func, args, kwargs):
         return _out_variant(func, args, kwargs)
     decomp = _decomposition(func)
     if decomp is not None:
-        out = decomp(*args, **kwargs)
+        out = _decomposed(decomp, args, kwargs)
         if out is not NotImplemented:
             return out
     return _fallback(func, args, kwargs, why)

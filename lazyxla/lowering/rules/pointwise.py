@@ -656,3 +656,29 @@ def _logspace(ctx, start, end, steps, base=10.0, **_):
 @lowers(aten.eye.default, aten.eye.m)
 def _eye(ctx, n, m=None, **_):
     return jnp.eye(n, m, dtype=ctx.dtype)
+
+
+@lowers(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta)
+def _kaiser_window(ctx, window_length, periodic=True, beta=12.0, **_):
+    # PyTorch's CPU kernel: i0(beta * sqrt(|1 - ((a - alpha) / alpha)^2|)) / i0(beta) over a = arange(n) in the
+    # output dtype, alpha = (n - 1) / 2, in float32 (float64 for float64); periodic: n + 1 points, the last dropped
+    if window_length <= 1:
+        return jnp.ones((window_length,), ctx.dtype)
+    n = window_length + 1 if periodic else window_length
+    ct = np.dtype(np.float64) if ctx.dtype == np.float64 else np.dtype(np.float32)
+    a = jnp.arange(n).astype(ctx.dtype).astype(ct)
+    alpha, b = ct.type((n - 1) / 2.0), ct.type(beta)
+    i0 = jax.scipy.special.i0
+    window = i0(b * jnp.sqrt(jnp.abs(1 - ((a - alpha) / alpha) ** 2))) / i0(b)
+    return window[:window_length].astype(ctx.dtype)
+
+
+# Row-major like PyTorch's; the indices depend only on the arguments, so they are constants of the program.
+@lowers(aten.tril_indices.default)
+def _tril_indices(ctx, row, col, offset=0, **_):
+    return jnp.asarray(np.stack(np.tril_indices(row, offset, col)).reshape(2, -1), ctx.dtype)
+
+
+@lowers(aten.triu_indices.default)
+def _triu_indices(ctx, row, col, offset=0, **_):
+    return jnp.asarray(np.stack(np.triu_indices(row, offset, col)).reshape(2, -1), ctx.dtype)
