@@ -116,7 +116,7 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
         LAZYXLA_PROCESS_ID=str(rank),
         LAZYXLA_LOCAL_RANK=str(rank),
         # what torchrun sets, so that torch.distributed's env:// rendezvous works as under torchrun: every
-        # rank a client of the store the parent serves (as of torchrun's agent), none serving its own
+        # rank a client of the store the parent serves (as torchrun's agent serves its own), none a server
         RANK=str(rank),
         WORLD_SIZE=str(nprocs),
         LOCAL_RANK=str(rank),
@@ -163,10 +163,11 @@ def spawn(
 
     Each process is one replica driving its own device (on CPU, one CPU device per process, with gloo
     collectives). The children also get torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed.init_process_group("lazyxla")`` works in them.
-    Returns the ranks' return values, in rank order. If a rank raises or dies, the
-    others are stopped and :class:`SpawnError` names the rank with its traceback; ``timeout_s`` bounds
-    the whole run the same way. ``fn`` must be importable by the children (a module-level function).
+    ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed.init_process_group("lazyxla")`` works in them
+    (its store is served by this process, on 127.0.0.1). Returns the ranks' return values, in rank order.
+    If a rank raises or dies, the others are stopped and :class:`SpawnError` names the rank that failed
+    first (not one that lost its connection to it) with its traceback; ``timeout_s`` bounds the whole run
+    the same way. ``fn`` must be importable by the children (a module-level function).
     ``cpu_devices``: fake CPU devices per process (``config.cpu_devices``), e.g. for SPMD on one machine.
 
     Example::
