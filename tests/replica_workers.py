@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import pickle
+
 import numpy as np
 import torch
 
@@ -235,8 +239,6 @@ def cached_collective(rank: int, cache_dir: str) -> dict:
 
 def _listeners() -> dict[str, tuple]:
     """Every listening TCP socket of this network namespace: inode -> (address, port), from /proc/net."""
-    import ipaddress
-
     out = {}
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(path) as f:
@@ -253,8 +255,6 @@ def _listeners() -> dict[str, tuple]:
 
 
 def _own_socket_inodes() -> set[str]:
-    import os
-
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -269,8 +269,6 @@ def _own_socket_inodes() -> set[str]:
 def listening_sockets(rank: int) -> dict:
     """The addresses this rank listens on, and those of jax's coordinator and torch.distributed's store,
     once every server of the run is up (the process group joined, gloo connected, a host exchange done)."""
-    import os
-
     import torch.distributed as dist
 
     import lazyxla
@@ -371,8 +369,6 @@ class Planted:
 def planted_values(rank: int, marker: str) -> list[str] | None:
     """Rank 1 writes a pickle that would create ``marker`` where rank 0 reads a mesh_reduce value, then
     where the process group reads a CPU tensor; returns rank 0's errors (type: message)."""
-    import pickle
-
     import torch.distributed as dist
     from jax._src import distributed as jax_distributed
 
