@@ -121,6 +121,24 @@ FLAGS: tuple[Flag, ...] = (
         "host:port of jax's distributed coordinator for a multi-process run (set by lazyxla.spawn; under "
         "torchrun it defaults to MASTER_ADDR:MASTER_PORT+1).",
     ),
+    Flag(
+        "coordinator_bind_address",
+        str,
+        "",
+        "Where jax's distributed coordinator (process 0 of a multi-process run) listens: 'host' or 'host:port' "
+        "(e.g. '0.0.0.0' or '[::]'). Empty: on the coordinator's own address when that is a loopback one (a "
+        "single-host run: lazyxla.spawn, torchrun on 127.0.0.1), else on every interface, so that the "
+        "other hosts reach it.",
+    ),
+    Flag(
+        "preemption_service",
+        bool,
+        False,
+        "Start jax's preemption service in multi-process runs: it catches SIGTERM so that "
+        "jax.experimental.multihost_utils.reached_preemption_sync_point can tell every process. Off: SIGTERM "
+        "stops a process at once, as in PyTorch, so lazyxla.spawn and torchrun stop ranks without waiting to "
+        "SIGKILL them.",
+    ),
     Flag("num_processes", int, 0, "Processes of a multi-process run (0: from torchrun's WORLD_SIZE, else 1)."),
     Flag("process_id", int, -1, "This process's index in a multi-process run (-1: from torchrun's RANK)."),
     Flag("local_rank", int, -1, "This process's index on its host (-1: from torchrun's LOCAL_RANK, else process_id)."),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import pickle
+
 import numpy as np
 import torch
 
@@ -228,3 +232,179 @@ def cached_collective(rank: int, cache_dir: str) -> dict:
     value = y.tolist()
     c = lazyxla.metrics.counters()
     return {"value": value, "hits": c["persistent_cache_hits"], "misses": c["persistent_cache_misses"]}
+
+
+# --- the run's servers, the values processes exchange, stopping a run -------------------------------
+
+
+def _listeners() -> dict[str, tuple]:
+    """Every listening TCP socket of this network namespace: inode -> (address, port), from /proc/net."""
+    out = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as f:
+            rows = f.read().splitlines()[1:]
+        for row in rows:
+            fields = row.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_ip)
+            ip = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word in host order
+            out[fields[9]] = (str(ipaddress.ip_address(ip)), int(hex_port, 16))
+    return out
+
+
+def _own_socket_inodes() -> set[str]:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def listening_sockets(rank: int) -> dict:
+    """The addresses this rank listens on, and those of jax's coordinator and torch.distributed's store,
+    once every server of the run is up (the process group joined, gloo connected, a host exchange done)."""
+    import torch.distributed as dist
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    x = lazyxla.all_reduce(lazyxla.ReduceOp.SUM, torch.ones(2).to(lazyxla.device()))
+    on_host = torch.ones(1)
+    dist.all_reduce(on_host)  # a CPU tensor: through the coordination service
+    total = x.tolist() + on_host.tolist()
+    lazyxla.runtime.rendezvous("every server is up")
+    listeners, mine = _listeners(), _own_socket_inodes()
+    coordinator_port = int(lazyxla.config.coordinator_address.rsplit(":", 1)[1])
+    store_port = int(os.environ["MASTER_PORT"])
+    lazyxla.runtime.rendezvous("listeners read")  # no server closes while another rank still looks
+    dist.destroy_process_group()
+    return {
+        "own": [a for inode, a in listeners.items() if inode in mine],
+        "coordinator": [a for a in listeners.values() if a[1] == coordinator_port],
+        "store": [a for a in listeners.values() if a[1] == store_port],
+        "total": total,
+    }
+
+
+EXCHANGED_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+)  # fmt: skip
+EXCHANGED_SHAPES = ((), (0,), (2, 3))
+
+
+def exchanged_value(rank: int) -> dict:
+    """What ``rank`` sends through mesh_reduce: tensors and arrays of every dtype and shape class, scalars."""
+    tensors = [_data(rank, shape, dtype) for dtype in EXCHANGED_DTYPES for shape in EXCHANGED_SHAPES]
+    arrays = [t.numpy() for t in tensors if t.dtype != torch.bfloat16]  # NumPy has no bfloat16
+    scalars = [rank, 1.5 * rank, float("inf"), -0.0, True, None, f"rank{rank}", bytes([rank, 255]), 2j, 2**70]
+    numpy_scalars = [np.float32(rank), np.int64(-rank), np.bool_(rank == 1)]
+    return {"tensors": tensors, "arrays": arrays, "scalars": tuple(scalars), "np": numpy_scalars, (rank, "key"): []}
+
+
+def _same(got, want) -> bool:
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, torch.Tensor):
+        return got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    if isinstance(want, (np.ndarray, np.generic)):
+        return got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    if isinstance(want, dict):
+        return list(got) == list(want) and all(_same(got[k], want[k]) for k in want)
+    return got == want and str(got) == str(want)  # str: -0.0 is not 0.0
+
+
+def exchange_every_dtype(rank: int) -> list[str]:
+    """mesh_reduce of every dtype, and the lazyxla process group's CPU-tensor collectives (through the
+    coordination service), against the values computed here; returns the mismatches."""
+    import torch.distributed as dist
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = lazyxla.runtime.world_size()
+    bad = []
+    gathered = lazyxla.runtime.mesh_reduce("every dtype", exchanged_value(rank), list)
+    for r in range(n):
+        if not _same(gathered[r], exchanged_value(r)):
+            bad.append(f"rank {rank}: mesh_reduce brought {gathered[r]!r} for rank {r}")
+    for dtype in EXCHANGED_DTYPES:
+        for shape in EXCHANGED_SHAPES:
+            values = [_data(r, shape, dtype) for r in range(n)]
+            t = values[rank].clone()
+            dist.all_reduce(t)
+            want = torch.stack(values).sum(0).to(dtype)  # what CPU eager PyTorch sums
+            if not _same(t, want):
+                bad.append(f"rank {rank}: all_reduce {dtype} {shape} gave {t} want {want}")
+            out = [torch.empty(shape, dtype=dtype) for _ in range(n)]
+            dist.all_gather(out, values[rank])
+            if not all(_same(o, v) for o, v in zip(out, values)):
+                bad.append(f"rank {rank}: all_gather {dtype} {shape} gave {out}")
+            t = values[rank].clone()
+            dist.broadcast(t, src=n - 1)
+            if not _same(t, values[n - 1]):
+                bad.append(f"rank {rank}: broadcast {dtype} {shape} gave {t}")
+    dist.destroy_process_group()
+    return bad
+
+
+class Planted:
+    """An object whose unpickling creates the file ``marker`` (what a planted value could do instead)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def planted_values(rank: int, marker: str) -> list[str] | None:
+    """Rank 1 writes a pickle that would create ``marker`` where rank 0 reads a mesh_reduce value, then
+    where the process group reads a CPU tensor; returns rank 0's errors (type: message)."""
+    import torch.distributed as dist
+    from jax._src import distributed as jax_distributed
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    client = jax_distributed.global_state.client
+    evil = pickle.dumps(Planted(marker))
+    errors = []
+    # the keys rendezvous uses: lazyxla/rendezvous/<tag>/<count>/<process>, then a barrier <...>/done
+    for tag, call in (
+        ("planted", lambda: lazyxla.runtime.mesh_reduce("planted", 1.0, sum)),
+        ("pg/1", lambda: dist.all_reduce(torch.ones(2))),  # the group's first host exchange
+    ):
+        if rank == 1:
+            client.key_value_set_bytes(f"lazyxla/rendezvous/{tag}/1/1", evil)
+            client.wait_at_barrier(f"lazyxla/rendezvous/{tag}/1/done", 60_000)
+            client.key_value_delete(f"lazyxla/rendezvous/{tag}/1/1")
+        else:
+            try:
+                call()
+                errors.append("no error")
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+    lazyxla.runtime.rendezvous("planted: done")
+    dist.destroy_process_group()
+    return errors if rank == 0 else None
+
+
+def hang_after_failure(rank: int) -> None:
+    """Rank 0 raises once both ranks are running; rank 1 sleeps (as a rank stuck in I/O would)."""
+    import time
+
+    import lazyxla
+
+    lazyxla.runtime.rendezvous("both running")
+    if rank == 0:
+        raise ValueError("deliberate failure in rank 0")
+    time.sleep(600)

@@ -322,6 +322,30 @@ def test_run_passes_arguments_and_runs_modules(tmp_path):
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
+def test_run_gives_the_script_the_sys_path_python_gives_it(tmp_path):
+    # python script.py: the script's folder first, the current folder not on sys.path at all
+    cwd, scripts = tmp_path / "cwd", tmp_path / "scripts"
+    (cwd / "torch_xla").mkdir(parents=True)
+    (cwd / "torch_xla" / "__init__.py").write_text("raise RuntimeError('the torch_xla folder of the current folder')\n")
+    (cwd / "helper.py").write_text("WHERE = 'cwd'\n")
+    scripts.mkdir()
+    (scripts / "helper.py").write_text("WHERE = 'script'\n")
+    script = scripts / "main.py"
+    script.write_text(
+        "import os, sys\nimport helper\n"
+        "print(helper.WHERE, sys.path[0] == os.path.dirname(os.path.realpath(__file__)), os.getcwd() in sys.path)\n"
+        "if len(sys.argv) > 1:\n    import torch_xla\n    print(torch_xla.__name__)\n"
+    )
+    plain = _run([str(script)], cwd, timeout=120)
+    assert plain.returncode == 0 and plain.stdout.split() == ["script", "True", "False"], plain.stderr[-3000:]
+    proc = _run(["-m", "lazyxla.run", str(script), "torch_xla"], cwd, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["script", "True", "False", "lazyxla.compat.torch_xla"]
+    assert "a real torch_xla is installed" not in proc.stderr
+    relative = _run(["-m", "lazyxla.run", os.path.join("..", "scripts", "main.py")], cwd, timeout=120)
+    assert relative.returncode == 0 and relative.stdout.split() == plain.stdout.split(), relative.stderr[-3000:]
+
+
 # --- the mapping, in this process --------------------------------------------------------------------
 
 

@@ -1,15 +1,24 @@
 """``lazyxla.spawn``: one process per replica on this host, joined through jax's distributed runtime.
 
 Fail fast, never hang: the parent watches every child; when one raises or dies, the others are
-stopped (SIGTERM, then SIGKILL after a grace period) and ``spawn`` raises naming that rank, with its
-traceback. A child whose parent disappears exits on its own, so no process is left behind.
+stopped (SIGTERM, then SIGKILL after a grace period) and ``spawn`` raises naming the rank that failed
+first, with its traceback. A failure caused by another rank's (a communication error: "Connection
+closed by peer", a rendezvous nobody else reached) never hides its cause: a rank killed by a signal, or
+one that raised anything else, is named before it. A child whose parent disappears exits on its own,
+so no process is left behind.
+
+Every server of the run listens on 127.0.0.1 only: jax's coordinator (in rank 0), gloo's collectives,
+and the torch.distributed store, which the parent hosts (as torchrun's agent does) for
+``dist.init_process_group``'s ``env://`` rendezvous.
 """
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import signal
 import socket
 import threading
@@ -18,15 +27,40 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
+from lazyxla.device.distributed import DistributedError
+
 _GRACE_S = 5.0  # between SIGTERM and SIGKILL when stopping the other ranks
+# After a communication error (caused by another rank), how long to wait for the other ranks to report
+# the cause (a rank's exit status reaches the parent after its peers may already have seen it close).
+_ROOT_CAUSE_WAIT_S = 5.0
+
+# The root cause first: killed by a signal, raised (not a communication error); then exited without a
+# word (jax's coordination client exits so when another process died); last, a communication error.
+_KILLED, _RAISED, _EXITED, _PEER = range(4)
+
+# Messages of errors a rank gets when another rank fails: gloo's and NCCL's, sockets', and jax's
+# coordination service's (its gRPC status codes are upper case).
+_PEER_TEXT = re.compile(
+    r"closed by peer|connection (?:closed|reset|refused|aborted)|broken pipe|socket closed|\bgloo\b|\bnccl\b|"
+    r"coordination service|heartbeat|barrier timed out",
+    re.IGNORECASE,
+)
+_PEER_STATUS = re.compile(r"\b(?:UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED|CANCELLED)\b")
 
 
 class SpawnError(RuntimeError):
-    """A spawned rank raised or died; the message names it and carries its traceback."""
+    """A spawned rank raised or died; the message names it and carries its traceback.
+
+    ``rank`` is the rank that failed first (-1 when the run timed out), ``exitcodes`` every rank's exit
+    code once all were stopped (negative: killed by that signal).
+    """
 
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(message)
         self.rank = rank
+        self.exitcodes: list[int | None] = []
 
 
 def _free_port() -> int:
@@ -35,11 +69,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _loopback_store() -> dist.TCPStore:
+    """torch.distributed's store for the run, served from this process on 127.0.0.1 only (a TCPStore
+    made by its rank 0 would listen on every interface: its own socket ignores the host it is given)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        fd = listener.detach()  # the store owns the socket from here on, and closes it
+    finally:
+        listener.close()
+    return dist.TCPStore(
+        "127.0.0.1", port, None, True, datetime.timedelta(seconds=300), wait_for_workers=False, master_listen_fd=fd
+    )
+
+
 def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(1.0)
         if os.getppid() != parent:
             os._exit(70)  # the parent is gone: nobody will collect this rank
+
+
+def _caused_by_peer(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it chains) is a communication error, which another rank's
+    failure causes: lazyxla's DistributedError, torch.distributed's errors, a closed connection."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, (DistributedError, dist.DistError, ConnectionError)):
+            return True
+        text = str(error)
+        if _PEER_TEXT.search(text) or _PEER_STATUS.search(text):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, parent) -> None:
@@ -51,13 +115,15 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
         LAZYXLA_NUM_PROCESSES=str(nprocs),
         LAZYXLA_PROCESS_ID=str(rank),
         LAZYXLA_LOCAL_RANK=str(rank),
-        # what torchrun sets, so that torch.distributed's env:// rendezvous works as under torchrun
+        # what torchrun sets, so that torch.distributed's env:// rendezvous works as under torchrun: every
+        # rank a client of the store the parent serves (as torchrun's agent serves its own), none a server
         RANK=str(rank),
         WORLD_SIZE=str(nprocs),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(nprocs),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(store_port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     try:
         import lazyxla
@@ -78,7 +144,7 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
             lazyxla.sync(wait=True)
             lazyxla.runtime.rendezvous("lazyxla.spawn: exit")  # nobody leaves while another still needs it
     except BaseException as e:
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}", _caused_by_peer(e)))
         conn.close()
         os._exit(1)
     conn.close()
@@ -97,10 +163,11 @@ def spawn(
 
     Each process is one replica driving its own device (on CPU, one CPU device per process, with gloo
     collectives). The children also get torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed.init_process_group("lazyxla")`` works in them.
-    Returns the ranks' return values, in rank order. If a rank raises or dies, the
-    others are stopped and :class:`SpawnError` names the rank with its traceback; ``timeout_s`` bounds
-    the whole run the same way. ``fn`` must be importable by the children (a module-level function).
+    ``MASTER_ADDR``, ``MASTER_PORT``), so ``torch.distributed.init_process_group("lazyxla")`` works in them
+    (its store is served by this process, on 127.0.0.1). Returns the ranks' return values, in rank order.
+    If a rank raises or dies, the others are stopped and :class:`SpawnError` names the rank that failed
+    first (not one that lost its connection to it) with its traceback; ``timeout_s`` bounds the whole run
+    the same way. ``fn`` must be importable by the children (a module-level function).
     ``cpu_devices``: fake CPU devices per process (``config.cpu_devices``), e.g. for SPMD on one machine.
 
     Example::
@@ -120,7 +187,8 @@ def spawn(
         raise TypeError(f"spawn: fn must be callable, got {fn!r}")
     ctx = multiprocessing.get_context(start_method)
     address = f"127.0.0.1:{_free_port()}"  # jax's coordinator
-    store_port = _free_port()  # torch.distributed's store, for dist.init_process_group("lazyxla")
+    store = _loopback_store()  # torch.distributed's store, for dist.init_process_group("lazyxla")
+    store_port = store.port
     procs, conns = [], []
     for rank in range(nprocs):
         recv, send = ctx.Pipe(duplex=False)
@@ -135,44 +203,100 @@ def spawn(
         conns.append(recv)
     try:
         return _supervise(procs, conns, timeout_s)
+    except SpawnError as e:
+        _stop(procs)
+        e.exitcodes = [p.exitcode for p in procs]
+        raise
     finally:
         _stop(procs)
+        del store  # its server stops with the run
 
 
 def _supervise(procs, conns, timeout_s) -> list[Any]:
+    """Every rank's result, in rank order; or SpawnError naming the rank that failed first.
+
+    Each round reads every exit status, then every message (a message a rank sent before it exited is
+    in its pipe by then). Once a rank failed, the run is over: at once when a rank was killed or raised
+    an error of its own; else (communication errors, or exits without a word, which jax's coordination
+    client does when another process died) when every rank has ended or ``_ROOT_CAUSE_WAIT_S`` has
+    passed, whichever comes first, so that the rank that caused the others' errors is the one named.
+    """
+    n = len(procs)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     results: dict[int, Any] = {}
-    running = set(range(len(procs)))
-    listening = set(range(len(procs)))  # ranks whose pipe may still bring a message
-    while running:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        watched = [procs[r].sentinel for r in running] + [conns[r] for r in listening]
-        if not multiprocessing.connection.wait(watched, wait):
-            raise SpawnError(-1, f"spawn: the run did not finish within {timeout_s} s; every rank was stopped")
+    errors: dict[int, tuple[str, bool]] = {}  # rank -> (traceback text, caused by a peer)
+    exits: dict[int, int] = {}
+    listening = set(range(n))  # ranks whose pipe may still bring a message
+    failed_at, stalled = None, False
+    while True:
+        progress = False
+        for rank in range(n):
+            if rank not in exits and procs[rank].exitcode is not None:
+                exits[rank], progress = procs[rank].exitcode, True
         for rank in sorted(listening):
-            message = _receive(conns[rank])
-            if message is None:
-                continue
-            listening.discard(rank)
-            kind, value = message
-            if kind == "error":
-                raise SpawnError(rank, f"spawn: rank {rank} raised:\n{value}")
-            if kind == "ok":
-                results[rank] = value
-        for rank in sorted(running):
-            code = procs[rank].exitcode
-            if code is None:
-                continue
-            running.discard(rank)
-            message = _receive(conns[rank]) if rank in listening else None
-            if message is not None and message[0] == "error":
-                raise SpawnError(rank, f"spawn: rank {rank} raised:\n{message[1]}")
-            if message is not None:
-                results[rank] = message[1]
-            if code != 0 or rank not in results:
-                how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                raise SpawnError(rank, f"spawn: rank {rank} {how} without reporting an error")
-    return [results[r] for r in range(len(procs))]
+            while (message := _receive(conns[rank])) is not None:
+                progress = True
+                if message is _EOF:
+                    listening.discard(rank)
+                    break
+                if message[0] == "ok":
+                    results[rank] = message[1]
+                elif message[0] == "error":
+                    errors[rank] = (message[1], bool(message[2]))
+        failures = _failures(n, results, errors, exits)
+        now = time.monotonic()
+        if failures:
+            failed_at = now if failed_at is None else failed_at
+            ranked = sorted(failures, key=lambda r: (failures[r][0], r))
+            first = ranked[0]
+            waited_enough = len(exits) == n or now >= failed_at + _ROOT_CAUSE_WAIT_S
+            if failures[first][0] < _EXITED or waited_enough or (deadline is not None and now >= deadline):
+                raise SpawnError(first, _failure_message(first, failures, ranked))
+        elif len(exits) == n:
+            return [results[r] for r in range(n)]
+        elif deadline is not None and now >= deadline:
+            raise SpawnError(-1, f"spawn: the run did not finish within {timeout_s} s; every rank was stopped")
+        ends = [t for t in (deadline, None if failed_at is None else failed_at + _ROOT_CAUSE_WAIT_S) if t is not None]
+        if progress:
+            stalled = False
+            continue  # look again before waiting: more may have come in
+        if stalled:  # a rank's sentinel is ready a moment before its exit status can be read: don't spin
+            time.sleep(0.001)
+        watched = [procs[r].sentinel for r in range(n) if r not in exits] + [conns[r] for r in listening]
+        stalled = bool(multiprocessing.connection.wait(watched, max(0.0, min(ends) - now) if ends else None))
+
+
+def _failures(n, results, errors, exits) -> dict[int, tuple[int, str, str]]:
+    """Each failed rank's (class, what happened, in one line): killed, raised, exited without a word,
+    or raised a communication error (another rank's failure)."""
+    out = {}
+    for rank in range(n):
+        code = exits.get(rank)
+        if code is not None and code < 0:
+            what = f"was killed by signal {_signal_name(-code)}"
+            out[rank] = (_KILLED, what, what)
+        elif rank in errors:
+            text, by_peer = errors[rank]
+            out[rank] = (_PEER if by_peer else _RAISED, f"raised:\n{text}", f"raised {text.splitlines()[0]}")
+        elif code is not None and (code != 0 or rank not in results):
+            what = f"exited with code {code} without reporting an error"
+            out[rank] = (_EXITED, what, what)
+    return out
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal
+        return str(number)
+
+
+def _failure_message(first: int, failures, ranked: list[int]) -> str:
+    message = f"spawn: rank {first} {failures[first][1]}"
+    others = [f"rank {r} {failures[r][2]}" for r in ranked[1:]]
+    if others:
+        message += "\nthe other ranks' failures (likely consequences): " + "; ".join(others)
+    return message
 
 
 _EOF = ("eof", None)

@@ -4,20 +4,18 @@
 sets too) gives a process group whose collectives on lazyxla tensors are recorded into the step's
 graph like ``lazyxla.all_reduce``, so ``DistributedDataParallel`` and plain ``dist.all_reduce`` run
 inside the compiled step. Collectives on CPU tensors (small metadata some libraries exchange) go
-through the run's coordination service on the host. Each call returns a completed ``Work``: the result
-is a lazy value, computed with the rest of the step.
+through the run's coordination service on the host, in lazyxla's wire encoding (never pickled). Each
+call returns a completed ``Work``: the result is a lazy value, computed with the rest of the step.
 """
 
 from __future__ import annotations
-
-import pickle
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 
 from lazyxla.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
-from lazyxla.device import distributed
+from lazyxla.device import distributed, wire
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM,
@@ -83,8 +81,11 @@ class LazyxlaProcessGroup(ProcessGroup):
     # -- host exchange for CPU tensors ---------------------------------------------------------------
 
     def _exchange(self, value) -> list:
+        """Every rank's ``value`` (CPU tensors), in rank order, in lazyxla's wire encoding (never pickled)."""
         self._host_calls += 1
-        return [pickle.loads(b) for b in distributed.rendezvous(f"pg/{self._host_calls}", pickle.dumps(value))]
+        tag = f"pg/{self._host_calls}"
+        received = distributed.rendezvous(tag, wire.encode(value, "a CPU tensor of a torch.distributed collective"))
+        return [wire.decode(b, f"rank {i} in the lazyxla process group's {tag}") for i, b in enumerate(received)]
 
     # -- collectives ---------------------------------------------------------------------------------
 

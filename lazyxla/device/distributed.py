@@ -20,13 +20,16 @@ How a process learns it is part of a run, in order:
 
 from __future__ import annotations
 
-import pickle
+import functools
+import ipaddress
 import threading
+import warnings
 from typing import Any
 
 import jax
 
 from lazyxla.config import config, launcher_env
+from lazyxla.device import wire
 
 
 class DistributedError(RuntimeError):
@@ -96,19 +99,80 @@ def initialize(
                 "lazyxla.device() or any jax computation."
             )
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # the CPU backend's collectives
+        # jax's preemption notifier catches SIGTERM: a launcher stopping this rank would wait for its SIGKILL
+        jax.config.update("jax_enable_preemption_service", config.preemption_service)
         timeout = int(timeout_s or config.distributed_timeout_s)
+        bind = bind_address(args.get("coordinator_address"))
         try:
-            jax.distributed.initialize(**args, initialization_timeout=timeout)
+            jax.distributed.initialize(**args, initialization_timeout=timeout, coordinator_bind_address=bind)
         except Exception as e:
             raise DistributedError(
                 f"lazyxla: joining the multi-process run {args or '(cluster auto-detection)'} failed: "
                 f"{type(e).__name__}: {e}. Check that every process was started, with the same coordinator "
                 "address and process count, and that the coordinator's port is reachable."
             ) from e
+        if _is_loopback(_host(args.get("coordinator_address", ""))):
+            _gloo_on_loopback()
         rank = config.local_rank if config.local_rank >= 0 else int(launcher_env().get("LOCAL_RANK", -1))
         if local_rank is not None:
             rank = local_rank
         _state.update(initialized=True, local_rank=rank if rank >= 0 else jax.process_index())
+
+
+def _host(address: str) -> str:
+    """The host of ``host:port`` (``[v6]:port`` too), without brackets."""
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+    return host.strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: not resolved, as it may name another address on other hosts
+        return False
+
+
+def bind_address(coordinator_address: str | None) -> str | None:
+    """Where process 0's coordinator listens for ``coordinator_address``: ``config.coordinator_bind_address``
+    if set, else the coordinator's own address when it is a loopback one, else None (jax's default: every
+    interface, for the other hosts of a multi-host run).
+
+    Example::
+
+        assert bind_address("127.0.0.1:1234") == "127.0.0.1:1234"
+    """
+    chosen = config.coordinator_bind_address.strip()
+    if chosen:
+        if chosen.count(":") > 1 and not chosen.startswith("["):  # a bare IPv6 address
+            chosen = f"[{chosen}]"
+        if not (chosen.endswith("]") or ":" not in chosen):
+            return chosen  # host:port
+        if not coordinator_address:
+            raise DistributedError(
+                f"lazyxla.config.coordinator_bind_address={config.coordinator_bind_address!r} names no port, and "
+                "the coordinator's address is not known here (cluster detection): give 'host:port'."
+            )
+        return f"{chosen}:{coordinator_address.rsplit(':', 1)[1]}"  # the coordinator's port
+    if coordinator_address and _is_loopback(_host(coordinator_address)):
+        return coordinator_address
+    return None
+
+
+def _gloo_on_loopback() -> None:
+    """A single-host run: gloo's CPU collectives listen on 127.0.0.1, not on the address the host name
+    resolves to (reachable from the network). jax offers no setting, so its CPU backend factory is
+    registered again with gloo collectives made here (jax._src: no public API takes them)."""
+    from jax._src import xla_bridge  # private: the CPU backend factory
+    from jax._src.lib import _jax  # private: gloo's constructor with its hostname argument
+
+    try:
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=_client(), hostname="127.0.0.1")
+        factory = functools.partial(xla_bridge.make_cpu_client, collectives=collectives)
+        xla_bridge.register_backend_factory("cpu", factory, priority=0, fail_quietly=False)
+    except (AttributeError, TypeError) as e:  # another jax version: gloo keeps jax's own address
+        warnings.warn(f"lazyxla: gloo's CPU collectives could not be bound to 127.0.0.1 ({e})", stacklevel=2)
 
 
 def _from_environment() -> dict[str, Any]:
@@ -271,11 +335,16 @@ def rendezvous(tag: str, payload: bytes = b"") -> list[bytes]:
 
 
 def mesh_reduce(tag: str, data: Any, reduce_fn) -> Any:
-    """Gather ``data`` (any picklable value) from every process and return ``reduce_fn(list_of_values)``.
+    """Gather ``data`` from every process and return ``reduce_fn(list_of_values)``.
+
+    ``data`` may hold Python scalars, strings, bytes, lists, tuples, dicts, NumPy arrays and scalars and
+    torch tensors (they arrive as CPU tensors): it travels in lazyxla's wire encoding
+    (:mod:`lazyxla.device.wire`), never pickled, so no process runs code another one sent.
 
     Example::
 
         mean_acc = lazyxla.runtime.mesh_reduce("acc", accuracy, lambda xs: sum(xs) / len(xs))
     """
-    values = [pickle.loads(b) for b in rendezvous(tag, pickle.dumps(data))]
-    return reduce_fn(values)
+    sent = wire.encode(data, f"mesh_reduce({tag!r}, data)")
+    received = rendezvous(tag, sent)
+    return reduce_fn([wire.decode(b, f"process {i} in mesh_reduce({tag!r})") for i, b in enumerate(received)])

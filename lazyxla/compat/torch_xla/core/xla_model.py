@@ -470,7 +470,8 @@ def _cpu(data):
 
 
 def mesh_reduce(tag: str, data, reduce_fn: Callable):
-    """Gather ``data`` (any picklable value; device tensors are moved to the CPU) from every replica and
+    """Gather ``data`` (what :func:`lazyxla.runtime.mesh_reduce` sends: scalars, strings, bytes, lists, tuples,
+    dicts, NumPy arrays, tensors; device tensors are moved to the CPU) from every replica and
     return ``reduce_fn(list_of_values)``.
 
     Example::
