@@ -90,21 +90,21 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         built_s = time.perf_counter() - started
         if missed and config.dump_dir:
             _dump(key, order, leaves, roots, device)
-        layout = compiled.layout
-        args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
-        if compiled.replicas is not None:
-            args = compiled.replicas.globalize(args)
-        elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
-            args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
+        args = _arguments(compiled, leaves)
+    except BaseException:
+        # Lowering, compiling or the argument check failed: nothing ran, so nothing changes. Every tensor
+        # keeps its recorded value; the tensors that need a failing op raise again when read, and once the
+        # user drops them the next sync runs the rest (DESIGN.md, decision 10).
+        tensors = None  # noqa: F841  (the traceback keeps this frame: it must not keep the tensors alive)
+        raise
+    try:
         with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
         if compiled.replicas is not None:
             outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
-    except Exception as e:
-        # These tensors can never be computed: mark them so later syncs skip them and reads re-raise.
-        for t in tensors:
-            m, i = t._value
-            t._value = (leaf(Leaf.ERROR, e, m.avals[i], device), 0)
+    except BaseException as e:
+        _failed_while_running(tensors, order, leaves, compiled, e, device)
+        tensors = args = None  # noqa: F841  (as above)
         raise
     metrics.inc("executions")
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
@@ -114,7 +114,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
             compiled=missed,
             build_ms=built_s * 1e3 if missed else 0.0,
             nodes=len(order),
-            inputs=len(layout.data),
+            inputs=len(compiled.layout.data),
             donated_bytes=donated,
             new_bytes=sum(_nbytes(m.avals[i]) for m, i in roots) - donated,
             trigger=site,
@@ -123,10 +123,55 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
     new = {}
+    made_by = f"an output of graph {report.programs[-1].graph}"  # names the buffers' origin in errors
     for (m, i), arr in zip(roots, outs):
-        new[(id(m), i)] = (leaf(Leaf.DATA, arr, m.avals[i], device), 0)
+        out = leaf(Leaf.DATA, arr, m.avals[i], device)
+        out.source = made_by
+        new[(id(m), i)] = (out, 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+
+
+def _arguments(compiled, leaves) -> list:
+    """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA)."""
+    layout = compiled.layout
+    args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
+    if compiled.replicas is not None:
+        args = compiled.replicas.globalize(args)
+    elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
+        args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
+    compiled.check_arguments(args, leaves)
+    return args
+
+
+class ProgramFailedError(RuntimeError):
+    """A program failed while running after it had taken (been donated) the buffers of its inputs."""
+
+
+def _failed_while_running(tensors, order, leaves, compiled, error: BaseException, device: int) -> None:
+    """The program was launched and failed. Inputs it did not consume are intact, so tensors that need
+    none of the consumed ones keep their recorded values (a later sync computes them again); the others
+    can never be computed: they are marked, and raise ``ComputeError`` when read or used."""
+    consumed = [leaves[i] for i in compiled.donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()]
+    if not consumed:
+        return
+    lost = {id(n) for n in consumed}
+    for n in order:  # post-order: a node is lost when one of its inputs is
+        if any(id(m) in lost for m, _ in n.inputs):
+            lost.add(id(n))
+    for n in consumed:
+        n.payload = None
+    why = ProgramFailedError(
+        f"the program computing it failed while running ({type(error).__name__}: {error}), after it had taken "
+        f"the buffers of {len(consumed)} input(s) donated to it, so the values it needed are gone (restore them, "
+        "e.g. from a checkpoint). lazyxla.config.donate = False keeps every input through such a failure, at "
+        "the cost of memory"
+    )
+    why.__cause__ = error
+    for t in tensors:
+        m, i = t._value
+        if id(m) in lost:
+            t._value = (leaf(Leaf.ERROR, why, m.avals[i], device), 0)
 
 
 def _check_same_program(roots, leaves, site: str) -> None:
