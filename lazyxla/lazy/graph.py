@@ -161,8 +161,10 @@ def _failed_while_running(tensors, order, leaves, compiled, error: BaseException
             lost.add(id(n))
     for n in consumed:
         n.payload = None
+    lines = str(error).strip().splitlines() or [""]
+    brief = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # (a callback's error holds a traceback)
     why = ProgramFailedError(
-        f"the program computing it failed while running ({type(error).__name__}: {error}), after it had taken "
+        f"the program computing it failed while running ({type(error).__name__}: {brief}), after it had taken "
         f"the buffers of {len(consumed)} input(s) donated to it, so the values it needed are gone (restore them, "
         "e.g. from a checkpoint). lazyxla.config.donate = False keeps every input through such a failure, at "
         "the cost of memory"
@@ -334,6 +336,19 @@ def _donatable(leaves, pending) -> list[int]:
     return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held)
 
 
+def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> None:
+    """Run each device's program for the ``pending`` tensors (the list is emptied).
+
+    A failure's traceback keeps the frames it passed (a logged exception keeps it for long), and they
+    must not keep the tensors alive: the user drops the tensor that needs a failing op and syncs again.
+    So no frame here holds them once their program has failed (``_run`` drops its own reference).
+    """
+    groups = _group(pending)
+    pending.clear()
+    for device in list(groups):
+        _run(device, groups.pop(device), full, trigger, report)
+
+
 def _group(tensors):
     by_device: dict[int, list] = {}
     for t in tensors:
@@ -362,8 +377,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
         if pending:
             site = diagnostics.note_sync(reason)
-            for device, ts in _group(pending).items():
-                _run(device, ts, True, f"{reason} at {site}", report)
+            _run_groups(pending, True, f"{reason} at {site}", report)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
@@ -393,8 +407,7 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
     site = diagnostics.note_sync(reason)
     report = SyncReport()
     pending = [t for t in live_tensors() if (id(t._value[0]), t._value[1]) in want]
-    for device, ts in _group(pending).items():
-        _run(device, ts, False, f"{reason} at {site}", report)
+    _run_groups(pending, False, f"{reason} at {site}", report)
 
 
 def wait_device_ops() -> None:

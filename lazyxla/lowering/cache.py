@@ -93,7 +93,9 @@ class Compiled:
             packed = "Python scalars" if k == len(data) and self.layout.scalars else "RNG keys"
             what = f"argument {k} (the packed {packed})"
         got = f"{np.dtype(a.dtype)}{list(a.shape)}"
-        if type(a) is not np.ndarray:
+        if type(a) is not np.ndarray and a.is_deleted():
+            got += " whose buffers were deleted (donated to an earlier program, or deleted through jax)"
+        elif type(a) is not np.ndarray:
             buffers = sorted({f"{b.dtype}{list(b.shape)}" for b in a._arrays})
             got += f" laid out as {a.sharding}, with device buffers {', '.join(buffers)}"
         return (
@@ -114,8 +116,9 @@ def _fits(a, shape: tuple, dtype: np.dtype, sharding) -> bool:
     same = layout is sharding or sharding is None or layout == sharding
     if not same and not _equivalent(layout, sharding, len(shape)):
         return False
-    # the per-device buffers: private, but the one place where they can be seen
-    return all(b.dtype == dtype for b in a._arrays)
+    # the per-device buffers: private, but the one place where they can be seen (None: deleted)
+    buffers = a._arrays
+    return buffers is not None and all(b.dtype == dtype for b in buffers)
 
 
 _equivalent_layouts: dict = {}
