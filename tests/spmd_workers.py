@@ -193,3 +193,148 @@ def master_only_read(rank: int) -> dict:
     except DistributedError as e:
         return {"agreed": agreed, "error": str(e)}
     return {"agreed": agreed, "error": None, "z": z.item()}
+
+
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+
+
+def _host_value(dtype: torch.dtype, shape=(BATCH, SEQ), seed: int = 3) -> torch.Tensor:
+    """The same CPU tensor of ``dtype`` in every process (ints in [0, 128): token ids for the embedding)."""
+    g = torch.Generator().manual_seed(seed)
+    ints = torch.randint(0, 128, shape, generator=g)
+    if dtype == torch.bool:
+        return ints % 3 == 0
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 4).to(dtype)
+    return ints.to(dtype)
+
+
+def _uses(t: torch.Tensor, emb: torch.nn.Module) -> list[torch.Tensor]:
+    """Programs reading ``t`` (sharded over the batch): data movement across shards, a reduction, and for
+    index dtypes the token-id embedding that crashed the process (int64 ids sharded on the batch)."""
+    out = [t.flip(0), t.sum(dim=1), (t == t.flip(1)).sum()]
+    if t.dtype in (torch.int64, torch.int32):
+        out.append(emb(t).sum(dim=(1, 2)))
+    return out
+
+
+class _Toy(torch.nn.Module):
+    """A model of one dtype for ``spmd.fsdp``: a trainable linear layer for floats, a lookup table (a frozen
+    parameter) for integers and bool."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        if dtype.is_floating_point:
+            self.lin = torch.nn.Linear(SEQ, BATCH, dtype=dtype)
+        else:
+            self.table = torch.nn.Parameter(_host_value(dtype, seed=4), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dtype.is_floating_point:
+            return self.lin(x).float().pow(2).mean()
+        return self.table[x.long() % BATCH].long().sum(dim=1)
+
+
+def _fsdp_run(dtype: torch.dtype, dev, mesh) -> tuple[list, list]:
+    """Two steps of the toy model sharded with ``spmd.fsdp`` (SGD for floats) and on the CPU: outputs, params."""
+    import lazyxla
+
+    torch.manual_seed(5)
+    ref = _Toy(dtype)
+    model = copy.deepcopy(ref).to(dev)
+    lazyxla.spmd.fsdp(model, mesh, axis="data")
+    x = _host_value(dtype if dtype.is_floating_point else torch.int64, seed=6)
+    got, want = [], []
+    for m, inp in ((model, x.to(dev)), (ref, x)):
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad] or [torch.zeros(1)], lr=0.1)
+        outs = []
+        for _ in range(2):
+            out = m(inp)
+            if out.requires_grad:
+                out.backward()
+                opt.step()
+                opt.zero_grad()
+            outs.append(out.detach())
+        (got if m is model else want).append([o.cpu() for o in outs] + [p.detach().cpu() for p in m.parameters()])
+    return got[0], want[0]
+
+
+def dtype_layouts(rank: int) -> dict:
+    """Every dtype sharded over the batch, as transferred data, computed data (a program's output, and a
+    pending value) and an fsdp model, compared with the CPU: {case: max abs difference or an error}."""
+    import lazyxla
+    from lazyxla.collectives.spmd import from_local
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("data",))
+    procs = lazyxla.runtime.process_count()
+    part = slice(rank * BATCH // procs, (rank + 1) * BATCH // procs)
+    torch.manual_seed(0)
+    emb_ref = torch.nn.Embedding(128, 4)
+    emb = copy.deepcopy(emb_ref).to(dev)
+    spec = ("data", None)
+    results = {}
+    for name in DTYPES:
+        dtype = getattr(torch, name)
+        host = _host_value(dtype)
+        want = _uses(host, emb_ref)
+        transferred = spmd.mark_sharding(host.to(dev), mesh, spec)
+        local = from_local(host[part], mesh, spec)  # DeviceLoader(input_sharding=...)'s transfer
+        computed = host.to(dev).flip(0).flip(0)  # a program's output (its layout chosen by XLA)
+        lazyxla.sync()
+        spmd.mark_sharding(computed, mesh, spec)
+        pending = spmd.mark_sharding(host.to(dev).flip(0).flip(0), mesh, spec)  # a constraint in the program
+        for case, t in (
+            ("transferred", transferred),
+            ("from_local", local),
+            ("computed", computed),
+            ("pending", pending),
+        ):
+            got = [g.cpu() for g in _uses(t, emb)]
+            results[f"{name}/{case}"] = _difference(got + [t.cpu()], want + [host])
+        got, ref = _fsdp_run(dtype, dev, mesh)
+        results[f"{name}/fsdp"] = _difference(got, ref)
+    return results
+
+
+def _difference(got: list, want: list) -> float | str:
+    """The largest |got - want| / (1 + |want|) over floating tensors; a string saying what differs when shapes,
+    dtypes or integer/bool values are not equal."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return f"got {g.dtype}{list(g.shape)}, want {w.dtype}{list(w.shape)}"
+        if not g.dtype.is_floating_point and not torch.equal(g, w):
+            return f"{g.dtype} values differ: got {g.flatten()[:8].tolist()}, want {w.flatten()[:8].tolist()}"
+        g64, w64 = g.double(), w.double()
+        worst = max(worst, ((g64 - w64).abs() / (1 + w64.abs())).max().item() if g.numel() else 0.0)
+    return worst
+
+
+def forced_mismatch(rank: int) -> dict:
+    """An int64 tensor whose sharded buffers were narrowed to int32 by a relayout outside 64-bit mode (the
+    jax behaviour behind the SPMD crash): the program must raise a Python error naming it, not abort."""
+    import jax
+
+    import lazyxla
+    from lazyxla.lazy.tensor import unwrap
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("data",))
+    ids = torch.arange(BATCH * SEQ).reshape(BATCH, SEQ).to(dev)
+    node = unwrap(ids)._value[0]
+    node.payload = jax.device_put(node.payload, mesh.sharding(("data", None)))  # not in x64: s32 buffers
+    narrowed = sorted({str(b.dtype) for b in node.payload._arrays})
+    try:
+        (ids * 2).sum().item()
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    with jax.enable_x64(True):  # a correct buffer again: the tensor still works
+        node.payload = jax.device_put(np.arange(BATCH * SEQ).reshape(BATCH, SEQ), mesh.sharding(("data", None)))
+    return {"narrowed": narrowed, "dtype": str(node.payload.dtype), "error": error, "after": (ids * 2).sum().item()}

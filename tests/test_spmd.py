@@ -108,3 +108,24 @@ def test_a_read_on_one_process_only_raises_on_every_process():
         assert run["error"] is not None, rank
         assert "the processes are about to run different programs" in run["error"]
         assert ".item() at" in run["error"] and "spmd_workers.py" in run["error"]  # names the trigger and line
+
+
+@pytest.mark.parametrize("nprocs,cpu_devices", LAYOUTS)
+def test_every_dtype_keeps_its_width_when_sharded(nprocs, cpu_devices):
+    """int64 token ids sharded on the batch crashed the process (XLA got s32 buffers for an s64 program, then
+    SIGSEGV): every dtype, transferred, from_local, computed, pending and under fsdp, equals the CPU."""
+    runs = lazyxla.spawn(S.dtype_layouts, nprocs=nprocs, cpu_devices=cpu_devices, timeout_s=400)
+    for run in runs:
+        assert len(run) == len(S.DTYPES) * 5
+        for case, diff in run.items():
+            tol = 1e-2 if case.split("/")[0] in ("bfloat16", "float16") else 1e-5
+            assert isinstance(diff, float) and diff <= tol, (case, diff)  # integers and bool: equal
+
+
+def test_a_mismatched_buffer_raises_naming_the_input_instead_of_crashing():
+    (out,) = lazyxla.spawn(S.forced_mismatch, nprocs=1, cpu_devices=8, timeout_s=120)
+    assert out["narrowed"] == ["int32"] and out["dtype"] == "int64"  # the inconsistent array jax makes
+    assert out["error"].startswith("ProgramInputError: lazyxla: graph input 0 (a tensor of shape [8, 16]"), out
+    assert "torch.int64" in out["error"] and "device buffers int32[1, 16]" in out["error"], out["error"]
+    assert "takes int64[8, 16]" in out["error"] and "copied from the CPU at" in out["error"], out["error"]
+    assert out["after"] == 2 * sum(range(128))  # the program did not run; with a correct buffer it does

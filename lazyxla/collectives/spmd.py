@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lazyxla.device import runtime
+from lazyxla.lazy.diagnostics import user_frame
 
 _lib = torch.library.Library("lazyxla", "FRAGMENT")
 _lib.define("shard(Tensor x, str mesh, str spec) -> Tensor")
@@ -273,8 +274,9 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
     spec = _check_spec(tuple(t.shape), mesh, partition_spec)
     node, i = lt._value
     if node.op is Leaf.DATA:
-        arr = jax.device_put(node.payload, mesh.sharding(spec))
-        lt._value = (leaf(Leaf.DATA, arr, node.avals[0], node.device), 0)
+        out = leaf(Leaf.DATA, runtime.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
+        out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
+        lt._value = (out, 0)
     else:
         from lazyxla.lazy.tensor import LazyTensor
 
@@ -296,7 +298,9 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     lt = _inner(t)
     node, i = lt._value
     if node.op is Leaf.DATA:
-        lt._value = (leaf(Leaf.DATA, jax.device_put(node.payload, runtime.replicated()), node.avals[0], node.device), 0)
+        out = leaf(Leaf.DATA, runtime.relayout(node.payload, runtime.replicated()), node.avals[0], node.device)
+        out.source = f"laid out by lazyxla.spmd.clear_sharding at {user_frame()}"
+        lt._value = (out, 0)
     elif node.op is torch.ops.lazyxla.shard.default:
         lt._value = node.inputs[0]
     return t
@@ -362,7 +366,9 @@ def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.T
         arr = jax.make_array_from_process_local_data(sharding, local)
     _check_spec(tuple(arr.shape), mesh, spec)
     aval = Aval(tuple(arr.shape), t.dtype)
-    return wrap(LazyTensor((leaf(Leaf.DATA, arr, aval, 0), 0), aval))
+    n = leaf(Leaf.DATA, arr, aval, 0)
+    n.source = f"made by lazyxla.spmd.from_local at {user_frame()}"
+    return wrap(LazyTensor((n, 0), aval))
 
 
 def _tuplify(spec: list) -> list:

@@ -48,6 +48,16 @@ def put_global(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def relayout(a: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``a`` laid out as ``sharding`` (an SPMD annotation), with its own dtype.
+
+    Outside 64-bit mode jax's resharding path narrows 64-bit buffers (int64 -> int32) while the array
+    still says int64; an executable compiled for s64 then gets s32 buffers (and XLA aborts).
+    """
+    with x64():
+        return jax.device_put(a, sharding)
+
+
 @functools.cache
 def local_devices() -> tuple[jax.Device, ...]:
     distributed.ensure_initialized()  # a multi-process run is joined before jax starts its backend
@@ -132,7 +142,8 @@ def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     if not a.is_fully_addressable:  # a global array of a multi-process SPMD run: every process gets all of it
         from jax.experimental import multihost_utils
 
-        host = np.asarray(multihost_utils.process_allgather(a, tiled=True))
+        with x64():  # the gather is a jax program: 64-bit values must keep their width through it
+            host = np.asarray(multihost_utils.process_allgather(a, tiled=True))
     else:
         host = np.asarray(a)
     if dtype == torch.bfloat16:

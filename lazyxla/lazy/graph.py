@@ -90,21 +90,21 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         built_s = time.perf_counter() - started
         if missed and config.dump_dir:
             _dump(key, order, leaves, roots, device)
-        layout = compiled.layout
-        args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
-        if compiled.replicas is not None:
-            args = compiled.replicas.globalize(args)
-        elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
-            args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
+        args = _arguments(compiled, leaves)
+    except BaseException:
+        # Lowering, compiling or the argument check failed: nothing ran, so nothing changes. Every tensor
+        # keeps its recorded value; the tensors that need a failing op raise again when read, and once the
+        # user drops them the next sync runs the rest (DESIGN.md, decision 10).
+        tensors = None  # noqa: F841  (the traceback keeps this frame: it must not keep the tensors alive)
+        raise
+    try:
         with metrics.timer("execute"), x64():
             outs = compiled.executable(*args)
         if compiled.replicas is not None:
             outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
-    except Exception as e:
-        # These tensors can never be computed: mark them so later syncs skip them and reads re-raise.
-        for t in tensors:
-            m, i = t._value
-            t._value = (leaf(Leaf.ERROR, e, m.avals[i], device), 0)
+    except BaseException as e:
+        _failed_while_running(tensors, order, leaves, compiled, e, device)
+        tensors = args = None  # noqa: F841  (as above)
         raise
     metrics.inc("executions")
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
@@ -114,7 +114,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
             compiled=missed,
             build_ms=built_s * 1e3 if missed else 0.0,
             nodes=len(order),
-            inputs=len(layout.data),
+            inputs=len(compiled.layout.data),
             donated_bytes=donated,
             new_bytes=sum(_nbytes(m.avals[i]) for m, i in roots) - donated,
             trigger=site,
@@ -123,10 +123,57 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
     new = {}
+    made_by = f"an output of graph {report.programs[-1].graph}"  # names the buffers' origin in errors
     for (m, i), arr in zip(roots, outs):
-        new[(id(m), i)] = (leaf(Leaf.DATA, arr, m.avals[i], device), 0)
+        out = leaf(Leaf.DATA, arr, m.avals[i], device)
+        out.source = made_by
+        new[(id(m), i)] = (out, 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+
+
+def _arguments(compiled, leaves) -> list:
+    """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA)."""
+    layout = compiled.layout
+    args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
+    if compiled.replicas is not None:
+        args = compiled.replicas.globalize(args)
+    elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
+        args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
+    compiled.check_arguments(args, leaves)
+    return args
+
+
+class ProgramFailedError(RuntimeError):
+    """A program failed while running after it had taken (been donated) the buffers of its inputs."""
+
+
+def _failed_while_running(tensors, order, leaves, compiled, error: BaseException, device: int) -> None:
+    """The program was launched and failed. Inputs it did not consume are intact, so tensors that need
+    none of the consumed ones keep their recorded values (a later sync computes them again); the others
+    can never be computed: they are marked, and raise ``ComputeError`` when read or used."""
+    consumed = [leaves[i] for i in compiled.donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()]
+    if not consumed:
+        return
+    lost = {id(n) for n in consumed}
+    for n in order:  # post-order: a node is lost when one of its inputs is
+        if any(id(m) in lost for m, _ in n.inputs):
+            lost.add(id(n))
+    for n in consumed:
+        n.payload = None
+    lines = str(error).strip().splitlines() or [""]
+    brief = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # (a callback's error holds a traceback)
+    why = ProgramFailedError(
+        f"the program computing it failed while running ({type(error).__name__}: {brief}), after it had taken "
+        f"the buffers of {len(consumed)} input(s) donated to it, so the values it needed are gone (restore them, "
+        "e.g. from a checkpoint). lazyxla.config.donate = False keeps every input through such a failure, at "
+        "the cost of memory"
+    )
+    why.__cause__ = error
+    for t in tensors:
+        m, i = t._value
+        if id(m) in lost:
+            t._value = (leaf(Leaf.ERROR, why, m.avals[i], device), 0)
 
 
 def _check_same_program(roots, leaves, site: str) -> None:
@@ -289,6 +336,19 @@ def _donatable(leaves, pending) -> list[int]:
     return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held)
 
 
+def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> None:
+    """Run each device's program for the ``pending`` tensors (the list is emptied).
+
+    A failure's traceback keeps the frames it passed (a logged exception keeps it for long), and they
+    must not keep the tensors alive: the user drops the tensor that needs a failing op and syncs again.
+    So no frame here holds them once their program has failed (``_run`` drops its own reference).
+    """
+    groups = _group(pending)
+    pending.clear()
+    for device in list(groups):
+        _run(device, groups.pop(device), full, trigger, report)
+
+
 def _group(tensors):
     by_device: dict[int, list] = {}
     for t in tensors:
@@ -317,8 +377,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
         if pending:
             site = diagnostics.note_sync(reason)
-            for device, ts in _group(pending).items():
-                _run(device, ts, True, f"{reason} at {site}", report)
+            _run_groups(pending, True, f"{reason} at {site}", report)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
@@ -348,8 +407,7 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
     site = diagnostics.note_sync(reason)
     report = SyncReport()
     pending = [t for t in live_tensors() if (id(t._value[0]), t._value[1]) in want]
-    for device, ts in _group(pending).items():
-        _run(device, ts, False, f"{reason} at {site}", report)
+    _run_groups(pending, False, f"{reason} at {site}", report)
 
 
 def wait_device_ops() -> None:

@@ -82,7 +82,9 @@ class Node:
         self.hash = hash_
         self.payload = payload
         self.device = device  # lazyxla device index
-        self.source = None  # the user's file:line that recorded it (config.explain_recompiles only)
+        # the user's file:line that recorded it (config.explain_recompiles only); for device data, what made
+        # the buffer (a copy from the CPU at file:line, an output of graph <id>, ...), named in errors
+        self.source = None
 
     @property
     def is_leaf(self) -> bool:

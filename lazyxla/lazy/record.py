@@ -136,7 +136,9 @@ def _flatten(func, args, kwargs):
         if type(value[0]) is _Pending0d:
             metrics.inc("host_to_device")
             data = runtime.to_device(value[0].t, flat.device)
-            flat.inputs[i] = (leaf(Leaf.DATA, data, aval, flat.device), 0)
+            n = leaf(Leaf.DATA, data, aval, flat.device)
+            n.source = "a 0-d CPU tensor used in device math"
+            flat.inputs[i] = (n, 0)
     return (targs, tkw), flat
 
 
@@ -366,7 +368,9 @@ def _from_cpu(t: torch.Tensor, device: int) -> LazyTensor:
     aval = Aval(tuple(t.shape), t.dtype)
     with metrics.timer("transfer"):
         arr = runtime.to_device(t, device)
-    return LazyTensor((leaf(Leaf.DATA, arr, aval, device), 0), aval)
+    n = leaf(Leaf.DATA, arr, aval, device)
+    n.source = f"copied from the CPU at {diagnostics.user_frame(2)}"
+    return LazyTensor((n, 0), aval)
 
 
 def _alias(t: LazyTensor) -> LazyTensor:

@@ -34,6 +34,7 @@ import stat
 import warnings
 
 import jax
+import numpy as np
 
 from lazyxla.collectives.ops import COLLECTIVE_OPS
 from lazyxla.collectives.training import atomic_write, remove_stale_temps
@@ -50,10 +51,14 @@ _ready: dict[str, bytes] = {}  # cache folder checked and usable -> its key
 _warned: set[str] = set()
 
 
+class ProgramInputError(RuntimeError):
+    """An argument that is not what a compiled program was built for: the program was not run."""
+
+
 class Compiled:
     """One compiled step: the executable, which leaves it donates, and how its arguments carry the leaves."""
 
-    __slots__ = ("executable", "donated", "layout", "replicas", "spmd")
+    __slots__ = ("executable", "donated", "layout", "replicas", "spmd", "expect")
 
     def __init__(self, executable, donated: tuple[int, ...], layout: ArgLayout, replicas=None, spmd=False) -> None:
         self.executable = executable
@@ -61,6 +66,84 @@ class Compiled:
         self.layout = layout
         self.replicas = replicas  # a replica.Replicas when the program spans the run's replicas, else None
         self.spmd = spmd  # an SPMD program: global arguments, partitioned by XLA over every device
+        # (shape, dtype, sharding) of each argument, as the executable itself declares them
+        avals, shardings = executable.in_avals[0], executable.input_shardings[0]
+        self.expect = tuple((tuple(a.shape), np.dtype(a.dtype), s) for a, s in zip(avals, shardings))
+
+    def check_arguments(self, args: list, leaves: list) -> None:
+        """Raise ``ProgramInputError`` naming the first argument that is not what the program was built for.
+
+        Each argument's shape, dtype and layout, and the dtype of each of its device buffers (jax can
+        make an array whose buffers are narrower than its dtype says), are compared with the program's
+        own input avals and shardings: a mismatched buffer given to XLA can abort the process.
+
+        Example::
+
+            compiled.check_arguments(args, leaves)     # in lazy.graph, before compiled.executable(*args)
+        """
+        expect = self.expect
+        if len(args) != len(expect):
+            raise ProgramInputError(
+                f"lazyxla internal error: a program built for {len(expect)} arguments was given {len(args)}; "
+                "it was not run"
+            )
+        for k, a in enumerate(args):
+            if not _fits(a, *expect[k]):
+                raise ProgramInputError(self._mismatch(k, a, leaves))
+
+    def _mismatch(self, k: int, a, leaves: list) -> str:
+        shape, dtype, sharding = self.expect[k]
+        data = self.layout.data
+        if k < len(data):
+            n = leaves[data[k]]
+            what = f"graph input {k} (a tensor of shape {list(n.avals[0].shape)} and dtype {n.avals[0].dtype}"
+            what += f", {n.source})" if n.source else ")"
+        else:
+            packed = "Python scalars" if k == len(data) and self.layout.scalars else "RNG keys"
+            what = f"argument {k} (the packed {packed})"
+        got = f"{np.dtype(a.dtype)}{list(a.shape)}"
+        if type(a) is not np.ndarray and a.is_deleted():
+            got += " whose buffers were deleted (donated to an earlier program, or deleted through jax)"
+        elif type(a) is not np.ndarray:
+            buffers = sorted({f"{b.dtype}{list(b.shape)}" for b in a._arrays})
+            got += f" laid out as {a.sharding}, with device buffers {', '.join(buffers)}"
+        return (
+            f"lazyxla: {what} does not match the compiled program: it is {got}, but the program takes "
+            f"{dtype}{list(shape)} laid out as {sharding}. The program was not run and no tensor changed. "
+            "This is a lazyxla bug (a transfer or relayout that changed the buffer): please report it with "
+            "this message"
+        )
+
+
+def _fits(a, shape: tuple, dtype: np.dtype, sharding) -> bool:
+    """Whether argument ``a`` is what the program takes: shape, dtype, layout, and each device buffer's dtype."""
+    if a.shape != shape or a.dtype != dtype:
+        return False
+    if type(a) is np.ndarray:  # the packed scalars and keys outside SPMD: jax places them itself
+        return True
+    layout = a.sharding  # (sharding None: an argument the program does not read, pruned by jax)
+    same = layout is sharding or sharding is None or layout == sharding
+    if not same and not _equivalent(layout, sharding, len(shape)):
+        return False
+    # the per-device buffers: private, but the one place where they can be seen (None: deleted)
+    buffers = a._arrays
+    return buffers is not None and all(b.dtype == dtype for b in buffers)
+
+
+_equivalent_layouts: dict = {}
+
+
+def _equivalent(layout, expected, ndim: int) -> bool:
+    """Whether two shardings place the same data on the same devices (``GSPMDSharding`` outputs of a
+    step vs the ``NamedSharding`` it was compiled for), memoized."""
+    key = (layout, expected, ndim)
+    try:
+        return _equivalent_layouts[key]
+    except KeyError:
+        if len(_equivalent_layouts) >= 4096:  # layouts that keep changing: start over rather than grow forever
+            _equivalent_layouts.clear()
+        same = _equivalent_layouts[key] = layout.is_equivalent_to(expected, ndim)
+        return same
 
 
 def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:

@@ -61,7 +61,7 @@ def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
     try:
         out = rule.fn(ctx, *args, **kwargs)
     except Exception as e:
-        raise LoweringError(f"lowering {n.op} failed: {type(e).__name__}: {e}") from e
+        raise LoweringError(_failed(n, e)) from e
     outs = [o for o in out if o is not None] if isinstance(out, (tuple, list)) else [out]
     if len(outs) != len(n.avals):
         raise LoweringError(f"the rule for {n.op} returned {len(outs)} outputs; PyTorch's op has {len(n.avals)}")
@@ -74,6 +74,24 @@ def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
         want = np_dtype(aval.dtype)
         result.append(o if o.dtype == want else o.astype(want))
     return result
+
+
+def _failed(n: Node, e: Exception) -> str:
+    """What a rule's failure tells the user: the op, its inputs, where it was recorded, what still works."""
+    ins = ", ".join(
+        "scalar" if m.op is Leaf.SCALAR else f"{str(m.avals[i].dtype)[6:]}{list(m.avals[i].shape)}" for m, i in n.inputs
+    )
+    where = (
+        f"recorded at {n.source}"
+        if n.source
+        else "set lazyxla.config.explain_recompiles = True (LAZYXLA_EXPLAIN_RECOMPILES=1) to see the line that "
+        "recorded it"
+    )
+    return (
+        f"lowering {n.op} on ({ins}) failed: {type(e).__name__}: {e} ({where}). Nothing ran and every tensor "
+        "keeps its value: the tensors computed from this op raise this error when read; drop them (del) and the "
+        "next sync runs the rest"
+    )
 
 
 class ArgLayout:
