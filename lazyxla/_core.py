@@ -182,12 +182,16 @@ _FUSED_STEPS = (
 def _fused_step(name: str):
     inplace = _overload(name)
     functional = getattr(getattr(aten, inplace._schema.name.split("::")[1][:-1]), inplace._overloadname)
-    written = [i for i, a in enumerate(inplace._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    arguments = inplace._schema.arguments
+    written = [i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
+    grads = [a.name for a in arguments].index("grads")
 
     def kernel(*args, **kwargs):
         new = functional(*args, **kwargs)
         for i, values in zip(written, new):
-            if len(values):
+            # the kernels write the gradients only to unscale them: without grad_scale they are unchanged
+            # (and copying them would refresh every view of them)
+            if len(values) and (i != grads or kwargs.get("grad_scale") is not None):
                 torch._foreach_copy_(args[i], values)
 
     kernel.__name__ = kernel.__qualname__ = name.replace(".", "_")

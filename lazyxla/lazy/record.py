@@ -601,8 +601,9 @@ def _inplace(func, functional, args, kwargs):
 
 
 _ELEMENT_OVERLOADS = {
-    "Scalar": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
-    "ScalarList": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
+    # a number in the element op: its Scalar overload (clamp_min's is its default), not one taking a tensor
+    "Scalar": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
+    "ScalarList": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
     "List": ("Tensor", "default", "Tensor_Tensor"),
     "Tensor": ("Tensor", "default", "Tensor_Tensor"),
     "default": ("default",),
