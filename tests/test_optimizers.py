@@ -339,6 +339,28 @@ def test_fused_adam_on_half_parameters_keeps_its_hyperparameters_exact(dtype, de
         torch.testing.assert_close(got, ref, atol=0, rtol=0.01)
 
 
+FOREACH_WITH_NUMBERS = {
+    "pow": lambda xs: torch._foreach_pow(xs, 2.0),
+    "pow_list": lambda xs: torch._foreach_pow(xs, [2.0, 0.5]),
+    "clamp_min": lambda xs: torch._foreach_clamp_min(xs, 0.1),
+    "clamp_max_list": lambda xs: torch._foreach_clamp_max(xs, [0.1, 0.2]),
+    "maximum": lambda xs: torch._foreach_maximum(xs, 1.0),
+    "minimum_list": lambda xs: torch._foreach_minimum(xs, [0.0, 0.3]),
+}
+
+
+@pytest.mark.parametrize("op", list(FOREACH_WITH_NUMBERS))
+def test_foreach_ops_with_numbers(op, dev):
+    """The optimizers' foreach ops taking a number per list or per tensor (ASGD's, Adafactor's): each element is
+    the per-tensor op's overload that takes a number (pow.Tensor_Scalar, not pow.Scalar, which takes the number
+    as the base; clamp_min, as aten.maximum takes no number)."""
+    xs = [torch.tensor([-1.5, 0.05, 2.0, math.nan]), torch.tensor([[0.25, 3.0]])]
+    ref = FOREACH_WITH_NUMBERS[op]([x.abs() if op.startswith("pow") else x for x in xs])
+    got = FOREACH_WITH_NUMBERS[op]([(x.abs() if op.startswith("pow") else x).to(dev) for x in xs])
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.cpu(), r, equal_nan=True)
+
+
 # ---- LBFGS ----
 #
 # LBFGS evaluates a closure several times per step and reads the host several times per iteration (its line

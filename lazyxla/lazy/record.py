@@ -601,7 +601,6 @@ def _inplace(func, functional, args, kwargs):
 
 
 _ELEMENT_OVERLOADS = {
-    # a number in the element op: its Scalar overload (clamp_min's is its default), not one taking a tensor
     "Scalar": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
     "ScalarList": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
     "List": ("Tensor", "default", "Tensor_Tensor"),
@@ -625,11 +624,17 @@ def _foreach_element_op(func):
     packet = getattr(aten, name, None)
     if packet is None:
         return None
-    for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()):
-        op = getattr(packet, ov, None) if ov in packet.overloads() else None
-        if op is not None:
+    names = [ov for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()) if ov in packet.overloads()]
+    candidates = [getattr(packet, ov) for ov in names]
+    # the first whose arguments take one element of each foreach argument: pow.Tensor_Scalar for
+    # _foreach_pow.Scalar (pow.Scalar takes the number first), clamp_min.default for _foreach_clamp_min.Scalar
+    types = [a.type for a in func._schema.arguments]
+    want = [str(t.getElementType() if isinstance(t, torch.ListType) else t) for t in types]
+    for op in candidates:
+        have = [str(a.type) for a in op._schema.arguments]
+        if have[: len(want)] == want:
             return op
-    return None
+    return candidates[0] if candidates else None
 
 
 def _foreach(func, args, kwargs):
