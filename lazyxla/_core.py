@@ -163,7 +163,50 @@ def _copy_(keyset, self, src, non_blocking=False):
 
 _copy_.with_keyset = True
 
-AUTOGRAD_KERNELS = {"scaled_dot_product_attention": _scaled_dot_product_attention, "copy_": _copy_}
+
+# torch.optim's fused=True calls in-place ops (``_fused_adamw_(params, grads, exp_avgs, ...)``) whose
+# functionalization kernels, as PyTorch generates them, count an empty list argument as "not functional":
+# ``max_exp_avg_sqs`` without amsgrad and SGD's momentum buffers without momentum are empty, so the step tripped
+# PyTorch's INTERNAL ASSERT "mutating a non-functional tensor with a functional tensor" (and _fused_sgd_ and
+# _fused_adagrad_ have no meta kernel for functionalization's shape check). On lazyxla tensors these kernels,
+# above functionalization, run the functional form (one recorded node: lowering/rules/optim.py) and copy each
+# new list into the list it replaces; functionalization handles both.
+_FUSED_STEPS = (
+    "_fused_adam_",
+    "_fused_adam_.tensor_lr",
+    "_fused_adamw_",
+    "_fused_adamw_.tensor_lr",
+    "_fused_sgd_",
+    "_fused_sgd_.tensor_lr",
+    "_fused_adagrad_",
+    "_fused_adagrad_.tensor_lr",
+)
+
+
+def _fused_step(name: str):
+    inplace = _overload(name)
+    functional = getattr(getattr(aten, inplace._schema.name.split("::")[1][:-1]), inplace._overloadname)
+    arguments = inplace._schema.arguments
+    written = [i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
+    grads = [a.name for a in arguments].index("grads")
+
+    def kernel(*args, **kwargs):
+        new = functional(*args, **kwargs)
+        for i, values in zip(written, new):
+            # the kernels write the gradients only to unscale them: without grad_scale they are unchanged
+            # (and copying them would refresh every view of them)
+            if len(values) and (i != grads or kwargs.get("grad_scale") is not None):
+                torch._foreach_copy_(args[i], values)
+
+    kernel.__name__ = kernel.__qualname__ = name.replace(".", "_")
+    return kernel
+
+
+AUTOGRAD_KERNELS = {
+    "scaled_dot_product_attention": _scaled_dot_product_attention,
+    "copy_": _copy_,
+    **{name: _fused_step(name) for name in _FUSED_STEPS},
+}
 
 # PyTorch's functionalization kernel of ``aten::_to_copy`` (what ``Tensor.to(dtype)``, ``.float()``,
 # ``.bfloat16()`` run) wraps its result again only for the XLA and Lazy device types; for any other device it

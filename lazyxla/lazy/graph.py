@@ -399,14 +399,21 @@ def _freeze_gc_once() -> None:
 
 
 def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
-    """Compute just these tensors (and every live tensor that shares their values)."""
-    want = {(id(t._value[0]), t._value[1]) for t in tensors if t._value[0].op.__class__ is not Leaf}
+    """Compute these tensors, and with them every live tensor whose value their program computes on the way.
+
+    Those become device data too: a later read that needs one starts from it instead of computing it again in
+    a graph that grows with every read. (LBFGS reads the host several times per iteration while its history,
+    gradients and parameters stay live: each read's graph held all earlier iterations, every read compiled a
+    new, larger program, and the default LBFGS exhausted the process's memory maps inside its first step.)
+    """
+    want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
         return
     metrics.inc("syncs")
     site = diagnostics.note_sync(reason)
     report = SyncReport()
-    pending = [t for t in live_tensors() if (id(t._value[0]), t._value[1]) in want]
+    computed = {id(n) for n in plan_values(want)[1]}
+    pending = [t for t in live_tensors() if id(t._value[0]) in computed]
     _run_groups(pending, False, f"{reason} at {site}", report)
 
 

@@ -34,6 +34,9 @@ _CONST_SCALAR_OPS = frozenset(
 )
 # Python floats in these ops that stay constants: 0 and +-1 simplify the program.
 _CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
+# Ops whose ``float`` arguments are tensor math too, not only their ``Scalar`` ones: the fused optimizer steps
+# take the learning rate and betas as ``float``, and a schedule (or OneCycleLR's momentum) changes them per step.
+_FLOAT_INPUT_OPS = frozenset({"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd", "aten::_fused_adagrad"})
 
 
 class DeviceMismatch(RuntimeError):
@@ -61,8 +64,13 @@ def _scalar_args(func) -> tuple[tuple[bool, ...], frozenset[str]]:
     schema = func._schema
     if schema.name in _CONST_SCALAR_OPS:
         return (), frozenset()
-    pos = tuple(_is_scalar_type(a.type) for a in schema.arguments if not a.kwarg_only)
-    kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and _is_scalar_type(a.type))
+    floats = schema.name in _FLOAT_INPUT_OPS
+
+    def scalar(a) -> bool:
+        return _is_scalar_type(a.type) or (floats and isinstance(a.type, torch.FloatType))
+
+    pos = tuple(scalar(a) for a in schema.arguments if not a.kwarg_only)
+    kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and scalar(a))
     return pos, kw
 
 
@@ -213,10 +221,38 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     return result
 
 
+def _new_values_meta(func):
+    """Output metadata of a functional op whose outputs are new values of its inputs: the fused optimizer steps
+    and AMP's ops (``self_out`` is a new ``self``, ``grads_out`` new ``grads``; an unnamed output is ``self``)."""
+    names = [a.name for a in func._schema.arguments]
+    outs = [r.name.removesuffix("_out") or "self" for r in func._schema.returns]
+
+    def meta(*args, **kwargs):
+        bound = {**dict(zip(names, args)), **kwargs}
+        like = [bound[n] for n in outs]
+        return tuple([torch.empty_like(t) for t in x] if isinstance(x, list) else torch.empty_like(x) for x in like)
+
+    return meta
+
+
 # Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).
 _MISSING_META = {
     aten.multi_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
     aten.multilabel_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
+    **{
+        op: _new_values_meta(op)
+        for op in (
+            aten._fused_adam.tensor_lr,
+            aten._fused_adamw.default,
+            aten._fused_adamw.tensor_lr,
+            aten._fused_sgd.default,
+            aten._fused_sgd.tensor_lr,
+            aten._fused_adagrad.default,
+            aten._fused_adagrad.tensor_lr,
+            aten._amp_foreach_non_finite_check_and_unscale.default,
+            aten._amp_update_scale.default,
+        )
+    },
 }
 
 
@@ -624,13 +660,16 @@ def _inplace(func, functional, args, kwargs):
 
 
 _ELEMENT_OVERLOADS = {
-    "Scalar": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
-    "ScalarList": ("Scalar", "Tensor_Scalar", "Tensor", "default"),
+    "Scalar": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
+    "ScalarList": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
     "List": ("Tensor", "default", "Tensor_Tensor"),
     "Tensor": ("Tensor", "default", "Tensor_Tensor"),
     "default": ("default",),
     "ScalarAndTensor": ("Scalar",),
 }
+
+
+_FOREACH_CLAMPS = {"maximum": aten.clamp_min.default, "minimum": aten.clamp_max.default}
 
 
 @functools.cache
@@ -639,14 +678,22 @@ def _foreach_element_op(func):
     name = func._schema.name.split("::")[1][len("_foreach_") :].rstrip("_")
     if name == "norm":
         return aten.linalg_vector_norm.default
+    if name in _FOREACH_CLAMPS and func._overloadname in ("Scalar", "ScalarList"):
+        return _FOREACH_CLAMPS[name]  # aten.maximum takes no number: a tensor's maximum with one is clamp_min
     packet = getattr(aten, name, None)
     if packet is None:
         return None
-    for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()):
-        op = getattr(packet, ov, None) if ov in packet.overloads() else None
-        if op is not None:
+    names = [ov for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()) if ov in packet.overloads()]
+    candidates = [getattr(packet, ov) for ov in names]
+    # the first whose arguments take one element of each foreach argument: pow.Tensor_Scalar for
+    # _foreach_pow.Scalar (pow.Scalar takes the number first), clamp_min.default for _foreach_clamp_min.Scalar
+    types = [a.type for a in func._schema.arguments]
+    want = [str(t.getElementType() if isinstance(t, torch.ListType) else t) for t in types]
+    for op in candidates:
+        have = [str(a.type) for a in op._schema.arguments]
+        if have[: len(want)] == want:
             return op
-    return None
+    return candidates[0] if candidates else None
 
 
 def _foreach(func, args, kwargs):

@@ -22,6 +22,10 @@ from lazyxla.device.runtime import np_dtype
 class Rule:
     fn: Callable
     random: bool = False  # the rule draws random numbers from ctx.key
+    # The dtype the rule's Python-scalar inputs arrive in; None: as PyTorch converts them (the first floating
+    # input's dtype, see ``to_jax._scalar_dtype``). Fused optimizer steps take float64, as PyTorch's kernels
+    # take their hyperparameters as doubles (0.999 in bfloat16 is 0.996).
+    scalars: Any = None
 
 
 @dataclasses.dataclass
@@ -46,8 +50,9 @@ class Ctx:
 RULES: dict[torch._ops.OpOverload, Rule] = {}
 
 
-def lowers(*ops: torch._ops.OpOverload, random: bool = False) -> Callable:
-    """Register ``fn`` as the lowering rule of each op; registering an op twice raises.
+def lowers(*ops: torch._ops.OpOverload, random: bool = False, scalars: Any = None) -> Callable:
+    """Register ``fn`` as the lowering rule of each op; registering an op twice raises. ``random``: the rule
+    draws from ``ctx.key``; ``scalars``: the numpy dtype its Python-scalar inputs arrive in (see ``Rule``).
 
     Example::
 
@@ -62,7 +67,7 @@ def lowers(*ops: torch._ops.OpOverload, random: bool = False) -> Callable:
                 raise TypeError(f"@lowers takes torch.ops.aten.<op>.<overload> objects, got {op!r}")
             if op in RULES:
                 raise ValueError(f"{op} already has a lowering rule ({RULES[op].fn.__qualname__})")
-            RULES[op] = Rule(fn, random)
+            RULES[op] = Rule(fn, random, scalars)
         return fn
 
     return register

@@ -34,8 +34,10 @@ def _scalar_dtype(n: Node):
     The first floating tensor input's dtype, or the output's when that is a wider float
     (``full_like(half, v, dtype=torch.float64)`` keeps v's float64 digits); with no floating input, an
     integer output's dtype (PyTorch truncates the scalar: ``int_tensor.fill_(2.7)`` fills 2), else the
-    default float dtype.
+    default float dtype. A rule may ask for its own (``Rule.scalars``).
     """
+    if RULES[n.op].scalars is not None:
+        return RULES[n.op].scalars
     out = n.avals[0].dtype if n.avals else torch.bool
     for m, i in n.inputs:
         if m.op is not Leaf.SCALAR and m.op is not Leaf.RNG:

@@ -9,6 +9,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     linalg,
     loss,
     nn,
+    optim,
     pointwise,
     random,
     reduction,

@@ -2,8 +2,9 @@
 
 ``torch_xla.amp.autocast(device, ...)`` is ``torch.autocast("lazyxla", ...)`` with bfloat16 as the
 default dtype (torch_xla's default on TPU; lazyxla uses it on every platform). ``GradScaler`` is
-``torch.amp.GradScaler("lazyxla")``: it works, but two of its ops (the inf check and the scale update)
-have no lowering yet and run on the CPU each step (counted as fallbacks); bfloat16 needs no scaler.
+``torch.amp.GradScaler("lazyxla")``: its inf check and scale update run on the device; with a fused
+optimizer (``fused=True``) the skip of an overflowing step is decided there too, otherwise GradScaler reads
+the inf flag on the host once per step. bfloat16 needs no scaler.
 
 Example::
 
