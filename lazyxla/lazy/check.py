@@ -1,0 +1,168 @@
+"""Errors at the call, as PyTorch's CPU kernels raise them.
+
+The recorder learns an op's output shapes and dtypes from PyTorch's meta kernels, but many meta kernels
+skip checks that the CPU kernels make: a dtype the op does not take (``bitwise_and`` on floats), mixed
+dtypes (``float32 @ int64`` in ``mm``/``addmm``), a dim out of range (``_softmax(x2d, -3)``), a
+convolution's dilation <= 0. Left to the meta kernel, such a call records happily and then fails in the
+lowering at the sync, far from the user's line, or silently computes something PyTorch refuses.
+
+So the first time the recorder meets a call signature (when it runs the meta kernel, whose result it
+memoizes), it also runs PyTorch's CPU kernel once on stand-in inputs of the same shapes and dtypes, and
+raises what the CPU raises, at the call. Later calls of the signature hit the memo and cost nothing. When
+a meta kernel raises, the CPU kernel decides the exception (meta kernels written in Python sometimes
+raise another type than the CPU, an ``AssertionError`` for a ``RuntimeError``).
+
+Only what holds for every value is raised: the stand-ins are ones, then zeros, and an error is raised
+only if both raise (an integer division by zero or an index past a dim of size 1 depends on the
+values); linear-algebra errors (``LinAlgError``: a singular matrix) always depend on the values. Nor are
+the CPU's own gaps raised: a dtype its kernels lack (half precision, float8, wide unsigned ints) or an op
+with no CPU kernel is legal on an accelerator. Calls larger than ``config.check_max_elements`` elements
+(inputs and outputs together) are not run on the CPU: it would cost a CPU step; their meta kernel's
+checks still apply.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from lazyxla.lazy.ir import Aval
+
+# "<kernel>" not implemented for '<dtype>': the CPU build lacks the op for a dtype accelerators have.
+_CPU_DTYPE_GAP = re.compile(r"not implemented for '(Half|BFloat16|ComplexHalf|Float8_\w+|Float4\w*|UInt(16|32|64)|Bits\w+)'")
+# No CPU kernel at all (an accelerator-only op).
+_NO_CPU_KERNEL = re.compile(r"Could not run '[\w:.]+' with arguments from the 'CPU' backend")
+# A TORCH_CHECK without a message: "Expected dim < ... to be true, but got false. (Could this error message
+# be improved? ...)". PyTorch's other devices raise a worded error there (narrow_copy: IndexError).
+_UNWORDED = re.compile(r"Could this error message be improved\?")
+
+_NOTE = (
+    "lazyxla: PyTorch's CPU kernel raises this for the call's shapes and dtypes (lazyxla runs each new call "
+    "signature once on the CPU to raise PyTorch's errors at the call); set lazyxla.config.check_max_elements "
+    "= 0 to turn the check off if it is wrong."
+)
+
+
+def numel(avals) -> int:
+    """Elements of all ``avals`` together."""
+    total = 0
+    for a in avals:
+        n = 1
+        for d in a.shape:
+            n *= d
+        total += n
+    return total
+
+
+def _stand_in(fill: int) -> Callable[[Aval], torch.Tensor]:
+    def make(aval: Aval) -> torch.Tensor:
+        return torch.full(aval.shape, fill, dtype=aval.dtype) if aval.dtype != torch.bool else torch.full(
+            aval.shape, bool(fill)
+        )
+
+    return make
+
+
+def _cpu_error(func, build, random: bool, meta_error: BaseException | None) -> BaseException | None:
+    """What PyTorch's CPU kernel raises for ``func(*build(make))`` with every stand-in fill (None if a fill
+    passes, or if the error is the CPU's gap or depends on the values). When the meta kernel raised
+    already, the CPU's error replaces it (PyTorch's native kernels word their errors alike on every device;
+    meta kernels written in Python differ, even in type), unless it is an unworded internal check."""
+    first = None
+    for fill in (1, 0):
+        try:
+            args, kwargs = build(_stand_in(fill))
+        except Exception:  # a dtype torch.full cannot make: nothing to check against
+            return None
+        state = torch.random.get_rng_state() if random else None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                func(*args, **kwargs)
+            return None
+        except torch.linalg.LinAlgError:
+            return None
+        except Exception as e:
+            msg = str(e)
+            if _CPU_DTYPE_GAP.search(msg) or _NO_CPU_KERNEL.search(msg):
+                return None
+            if meta_error is not None and _UNWORDED.search(msg):
+                return None
+            first = first or e
+        finally:
+            if random:  # the probe must not move the user's CPU random stream
+                torch.random.set_rng_state(state)
+    return first
+
+
+def raise_cpu_error(func, build, *, random: bool = False, meta_error: BaseException | None = None) -> None:
+    """Raise what PyTorch's CPU kernel raises for ``func`` on stand-ins of the call's inputs, if it raises.
+
+    ``build(make)`` returns the call's ``(args, kwargs)`` with each tensor input made by ``make(aval)``.
+    Example: ``raise_cpu_error(aten.mm.default, lambda make: ((make(a), make(b)), {}))`` raises
+    ``RuntimeError: expected m1 and m2 to have the same dtype`` for float32 ``a`` and int64 ``b``.
+    """
+    with torch._C._DisableFuncTorch(), torch._C._DisableTorchDispatch():
+        err = _cpu_error(func, build, random, meta_error)
+    if err is not None:
+        err.add_note(_NOTE)
+        raise err.with_traceback(None)
+
+
+# ---- out= calls: functionalization turns them into the functional op and a copy into ``out``, so the
+# out= kernel's own checks (``out``'s dtype: gather, amax, multinomial, complex, ...) never run ----
+
+_out_checked: set = set()
+_OUT_MEMO_LIMIT = 100_000
+
+
+def _out_signature(x):
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_out_signature(e) for e in x)
+    if isinstance(x, torch.device):
+        return x.type
+    return x
+
+
+def _standin_args(x, make):
+    if isinstance(x, torch.Tensor):
+        return make(Aval(tuple(x.shape), x.dtype))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_standin_args(e, make) for e in x)
+    if isinstance(x, torch.device):
+        return torch.device("cpu")
+    return x
+
+
+def check_out_call(func, args, kwargs, limit: int) -> None:
+    """Raise what PyTorch's CPU out= kernel ``func`` raises for this call's shapes and dtypes (once per
+    signature; ``limit``: the most elements the CPU kernel is run on, 0 for none).
+
+    Example: ``torch.amax(x_float32, 0, out=y_int32)`` raises ``RuntimeError: Expected the dtype for input
+    and out to match`` at the call, where functionalization would have computed float32 and cast it.
+    """
+    if limit <= 0:
+        return
+    sig = (func, _out_signature(args), _out_signature(tuple(sorted(kwargs.items()))))
+    try:
+        if sig in _out_checked:
+            return
+    except TypeError:  # an unhashable argument: checked every time
+        sig = None
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) <= limit:
+        raise_cpu_error(
+            func,
+            lambda make: (_standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}),
+            random=True,  # out= ops include normal, bernoulli, multinomial, randint...: keep the CPU stream
+        )
+    if sig is not None:
+        if len(_out_checked) >= _OUT_MEMO_LIMIT:
+            _out_checked.clear()
+        _out_checked.add(sig)
