@@ -9,8 +9,8 @@ import warnings
 import torch
 
 from lazyxla import autocast
-from lazyxla.device import registration, runtime
 from lazyxla.config import config
+from lazyxla.device import registration, runtime
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap

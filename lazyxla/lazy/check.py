@@ -33,7 +33,9 @@ import torch.utils._pytree as pytree
 from lazyxla.lazy.ir import Aval
 
 # "<kernel>" not implemented for '<dtype>': the CPU build lacks the op for a dtype accelerators have.
-_CPU_DTYPE_GAP = re.compile(r"not implemented for '(Half|BFloat16|ComplexHalf|Float8_\w+|Float4\w*|UInt(16|32|64)|Bits\w+)'")
+_CPU_DTYPE_GAP = re.compile(
+    r"not implemented for '(Half|BFloat16|ComplexHalf|Float8_\w+|Float4\w*|UInt(16|32|64)|Bits\w+)'"
+)
 # No CPU kernel at all (an accelerator-only op).
 _NO_CPU_KERNEL = re.compile(r"Could not run '[\w:.]+' with arguments from the 'CPU' backend")
 # A TORCH_CHECK without a message: "Expected dim < ... to be true, but got false. (Could this error message
@@ -60,8 +62,10 @@ def numel(avals) -> int:
 
 def _stand_in(fill: int) -> Callable[[Aval], torch.Tensor]:
     def make(aval: Aval) -> torch.Tensor:
-        return torch.full(aval.shape, fill, dtype=aval.dtype) if aval.dtype != torch.bool else torch.full(
-            aval.shape, bool(fill)
+        return (
+            torch.full(aval.shape, fill, dtype=aval.dtype)
+            if aval.dtype != torch.bool
+            else torch.full(aval.shape, bool(fill))
         )
 
     return make
