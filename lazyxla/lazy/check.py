@@ -32,10 +32,11 @@ import torch.utils._pytree as pytree
 
 from lazyxla.lazy.ir import Aval
 
-# "<kernel>" not implemented for '<dtype>': the CPU build lacks the op for a dtype accelerators have.
-_CPU_DTYPE_GAP = re.compile(
-    r"not implemented for '(Half|BFloat16|ComplexHalf|Float8_\w+|Float4\w*|UInt(16|32|64)|Bits\w+)'"
-)
+# "<kernel>" not implemented for '<dtype>' (the CPU kernel has no code for the dtype), or a message that
+# names the CPU ("nansum on CPU does not support complex inputs"). Either no device takes the call
+# (bitwise_and on floats) or only the CPU build lacks it (abs on bool, nansum on complex, some ops in half
+# precision): the lowering rule tells which.
+_CPU_GAP = re.compile(r"not implemented for '\w+'|\bCPU\b|\bon cpu\b")
 # No CPU kernel at all (an accelerator-only op).
 _NO_CPU_KERNEL = re.compile(r"Could not run '[\w:.]+' with arguments from the 'CPU' backend")
 # A TORCH_CHECK without a message: "Expected dim < ... to be true, but got false. (Could this error message
@@ -71,7 +72,7 @@ def _stand_in(fill: int) -> Callable[[Aval], torch.Tensor]:
     return make
 
 
-def _cpu_error(func, build, random: bool, meta_error: BaseException | None) -> BaseException | None:
+def _cpu_error(func, build, random: bool, meta_error: BaseException | None, lowers) -> BaseException | None:
     """What PyTorch's CPU kernel raises for ``func(*build(make))`` with every stand-in fill (None if a fill
     passes, or if the error is the CPU's gap or depends on the values). When the meta kernel raised
     already, the CPU's error replaces it (PyTorch's native kernels word their errors alike on every device;
@@ -92,7 +93,7 @@ def _cpu_error(func, build, random: bool, meta_error: BaseException | None) -> B
             return None
         except Exception as e:
             msg = str(e)
-            if _CPU_DTYPE_GAP.search(msg) or _NO_CPU_KERNEL.search(msg):
+            if _NO_CPU_KERNEL.search(msg) or (_CPU_GAP.search(msg) and (lowers is None or lowers())):
                 return None
             if meta_error is not None and _UNWORDED.search(msg):
                 return None
@@ -103,15 +104,20 @@ def _cpu_error(func, build, random: bool, meta_error: BaseException | None) -> B
     return first
 
 
-def raise_cpu_error(func, build, *, random: bool = False, meta_error: BaseException | None = None) -> None:
+def raise_cpu_error(
+    func, build, *, random: bool = False, meta_error: BaseException | None = None, lowers=None
+) -> None:
     """Raise what PyTorch's CPU kernel raises for ``func`` on stand-ins of the call's inputs, if it raises.
 
-    ``build(make)`` returns the call's ``(args, kwargs)`` with each tensor input made by ``make(aval)``.
+    ``build(make)`` returns the call's ``(args, kwargs)`` with each tensor input made by ``make(aval)``;
+    ``random``: the op draws from the CPU generator (its state is restored); ``meta_error``: what the meta
+    kernel raised, if it did; ``lowers()``: whether lazyxla's rule computes the call (None: an op without
+    a rule, whose CPU dtype gaps are the ops' it decomposes into, each checked itself).
     Example: ``raise_cpu_error(aten.mm.default, lambda make: ((make(a), make(b)), {}))`` raises
     ``RuntimeError: expected m1 and m2 to have the same dtype`` for float32 ``a`` and int64 ``b``.
     """
     with torch._C._DisableFuncTorch(), torch._C._DisableTorchDispatch():
-        err = _cpu_error(func, build, random, meta_error)
+        err = _cpu_error(func, build, random, meta_error, lowers)
     if err is not None:
         err.add_note(_NOTE)
         raise err.with_traceback(None)

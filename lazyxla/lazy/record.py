@@ -20,6 +20,7 @@ from lazyxla.lazy import check, diagnostics, graph, metrics, rng
 from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
 from lazyxla.lazy.metrics import _counters
 from lazyxla.lazy.tensor import LazyTensor, wrap
+from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
@@ -242,11 +243,16 @@ def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_err
     in_avals = [s for s in flat.meta_subst if isinstance(s, Aval)]
     if limit <= 0 or check.numel(in_avals) + check.numel(out_avals) > limit:
         return
+
+    def lowers() -> bool:  # the call as a node, for asking whether its rule lowers it
+        return to_jax.traces(node(func, tuple(flat.inputs), template, tuple(out_avals), flat.device, 0))
+
     check.raise_cpu_error(
         func,
         lambda make: _call_args(template, flat.meta_subst, args, kwargs, make, _CPU),
         random=RULES[func].random if func in RULES else True,
         meta_error=meta_error,
+        lowers=lowers if func in RULES and out_avals else None,
     )
 
 
@@ -276,9 +282,9 @@ def _check_before_decomposing(func, args, kwargs, route) -> None:
                 out_avals = _spec_avals(func(*margs, **mkw))
             except NotImplementedError:  # no meta kernel: the outputs' size is unknown, so no CPU check
                 out_avals = None
-            except Exception as e:  # the op's own check, not the decomposition's (that may name another op)
+            except Exception as e:  # the CPU's error, if it raises too; else the decomposition's own
                 _check_on_cpu(func, template, flat, args, kwargs, (), e)
-                raise
+                out_avals = None
         if out_avals is not None:
             _check_on_cpu(func, template, flat, args, kwargs, out_avals)
         if key is not None:
