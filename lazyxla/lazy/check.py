@@ -32,10 +32,11 @@ import torch.utils._pytree as pytree
 
 from lazyxla.lazy.ir import Aval
 
-# "<kernel>" not implemented for '<dtype>' (the CPU kernel has no code for the dtype), or a message that
-# names the CPU ("nansum on CPU does not support complex inputs"). Either no device takes the call
-# (bitwise_and on floats) or only the CPU build lacks it (abs on bool, nansum on complex, some ops in half
-# precision): the lowering rule tells which.
+# NotImplementedError ('"<kernel>" not implemented for '<dtype>'', an accelerator-only op whose CPU kernel is
+# a stub), or a message that names the CPU ("nansum on CPU does not support complex inputs"). Either no
+# device takes the call (bitwise_and on floats) or only the CPU build lacks it (abs on bool, nansum on
+# complex, some ops in half precision, _scaled_dot_product_fused_attention_overrideable): the lowering rule
+# tells which.
 _CPU_GAP = re.compile(r"not implemented for '\w+'|\bCPU\b|\bon cpu\b")
 # No CPU kernel at all (an accelerator-only op).
 _NO_CPU_KERNEL = re.compile(r"Could not run '[\w:.]+' with arguments from the 'CPU' backend")
@@ -93,7 +94,8 @@ def _cpu_error(func, build, random: bool, meta_error: BaseException | None, lowe
             return None
         except Exception as e:
             msg = str(e)
-            if _NO_CPU_KERNEL.search(msg) or (_CPU_GAP.search(msg) and (lowers is None or lowers())):
+            gap = isinstance(e, NotImplementedError) or _CPU_GAP.search(msg)
+            if _NO_CPU_KERNEL.search(msg) or (gap and (lowers is None or lowers())):
                 return None
             if meta_error is not None and _UNWORDED.search(msg):
                 return None
