@@ -62,47 +62,65 @@ def numel(avals) -> int:
     return total
 
 
-def _stand_in(fill: int) -> Callable[[Aval], torch.Tensor]:
+# Half-precision dtypes and the dtype accelerators keep their statistics in (see _cpu_error).
+_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.complex32: torch.complex64}
+
+
+def _stand_in(fill: int, widen: bool, seen: set) -> Callable[[Aval], torch.Tensor]:
+    """Stand-in tensors filled with ``fill`` (half precision widened to float32 if ``widen``)."""
+
     def make(aval: Aval) -> torch.Tensor:
-        return (
-            torch.full(aval.shape, fill, dtype=aval.dtype)
-            if aval.dtype != torch.bool
-            else torch.full(aval.shape, bool(fill))
-        )
+        seen.add(aval.dtype)
+        dtype = _WIDER.get(aval.dtype, aval.dtype) if widen else aval.dtype
+        return torch.full(aval.shape, bool(fill) if dtype == torch.bool else fill, dtype=dtype)
 
     return make
+
+
+def _run(func, build, make, random: bool) -> BaseException | None:
+    """What ``func(*build(make))`` raises on the CPU (None if it returns, or if stand-ins cannot be made)."""
+    try:
+        args, kwargs = build(make)
+    except Exception:  # a dtype torch.full cannot make: nothing to check against
+        return None
+    state = torch.random.get_rng_state() if random else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*args, **kwargs)
+        return None
+    except Exception as e:
+        return e
+    finally:
+        if random:  # the check must not move the user's CPU random stream
+            torch.random.set_rng_state(state)
 
 
 def _cpu_error(func, build, random: bool, meta_error: BaseException | None, lowers) -> BaseException | None:
     """What PyTorch's CPU kernel raises for ``func(*build(make))`` with every stand-in fill (None if a fill
     passes, or if the error is the CPU's gap or depends on the values). When the meta kernel raised
     already, the CPU's error replaces it (PyTorch's native kernels word their errors alike on every device;
-    meta kernels written in Python differ, even in type), unless it is an unworded internal check."""
+    meta kernels written in Python differ, even in type), unless it is an unworded internal check.
+
+    A call with half-precision inputs that passes with them widened to float32 is not refused either: the
+    meta kernels follow accelerators, which keep half-precision statistics in float32 (layer norm's mean
+    and rstd), and the CPU kernels of the backward then refuse the mix ("expected scalar type BFloat16 but
+    found Float") although no device ever computes it otherwise."""
+    seen: set = set()
     first = None
     for fill in (1, 0):
-        try:
-            args, kwargs = build(_stand_in(fill))
-        except Exception:  # a dtype torch.full cannot make: nothing to check against
+        e = _run(func, build, _stand_in(fill, False, seen), random)
+        if e is None or isinstance(e, torch.linalg.LinAlgError):
             return None
-        state = torch.random.get_rng_state() if random else None
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                func(*args, **kwargs)
+        msg = str(e)
+        gap = isinstance(e, NotImplementedError) or _CPU_GAP.search(msg)
+        if _NO_CPU_KERNEL.search(msg) or (gap and (lowers is None or lowers())):
             return None
-        except torch.linalg.LinAlgError:
+        if meta_error is not None and _UNWORDED.search(msg):
             return None
-        except Exception as e:
-            msg = str(e)
-            gap = isinstance(e, NotImplementedError) or _CPU_GAP.search(msg)
-            if _NO_CPU_KERNEL.search(msg) or (gap and (lowers is None or lowers())):
-                return None
-            if meta_error is not None and _UNWORDED.search(msg):
-                return None
-            first = first or e
-        finally:
-            if random:  # the probe must not move the user's CPU random stream
-                torch.random.set_rng_state(state)
+        first = first or e
+    if seen & _WIDER.keys() and _run(func, build, _stand_in(1, True, set()), random) is None:
+        return None
     return first
 
 
