@@ -186,7 +186,13 @@ def check_out_call(func, args, kwargs, limit: int) -> None:
     except TypeError:  # an unhashable argument: checked every time
         sig = None
     tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-    if numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) <= limit:
+    masks = any(  # a boolean index in a list (index_put's indices): shapes depend on the mask's values
+        isinstance(e, torch.Tensor) and e.dtype == torch.bool
+        for a in (*args, *kwargs.values())
+        if isinstance(a, (list, tuple))
+        for e in a
+    )
+    if not masks and numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) <= limit:
         raise_cpu_error(
             func,
             lambda make: (_standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}),

@@ -241,7 +241,7 @@ def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_err
     """Raise, at the call, the error PyTorch's CPU kernel raises for this call (see ``lazy.check``)."""
     limit = _flags["check_max_elements"]
     in_avals = [s for s in flat.meta_subst if isinstance(s, Aval)]
-    if limit <= 0 or check.numel(in_avals) + check.numel(out_avals) > limit:
+    if limit <= 0 or check.numel(in_avals) + check.numel(out_avals) > limit or _masks_index(template, flat):
         return
 
     def lowers() -> bool:  # the call as a node, for asking whether its rule lowers it
@@ -254,6 +254,18 @@ def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_err
         meta_error=meta_error,
         lowers=lowers if func in RULES and out_avals else None,
     )
+
+
+def _masks_index(template, flat: _Flat) -> bool:
+    """Whether a boolean tensor is among a list argument (``index_put``'s indices): the shapes then depend
+    on how many elements the mask selects, which stand-in values cannot know."""
+    targs, tkw = template
+    for a in (*targs, *(v for _, v in tkw)):
+        if type(a) is tuple:
+            for e in a:
+                if type(e) is In and getattr(flat.meta_subst[e.i], "dtype", None) is torch.bool:
+                    return True
+    return False
 
 
 # Signatures of calls about to be decomposed whose CPU check passed (the fast path's keys, else the meta

@@ -252,3 +252,35 @@ def test_check_can_be_turned_off(dev):
     with lazyxla.config.override(check_max_elements=0):
         y = torch.mm(torch.randn(2, 7, device=dev), torch.ones(7, 2, dtype=torch.int64, device=dev))
     assert y.dtype == torch.float32  # the meta kernel's answer: the error goes unnoticed
+
+
+def test_check_does_not_refuse_what_only_the_cpu_lacks(dev):
+    """The CPU's gaps are not errors where lazyxla's rule computes the call: abs on bool (the CPU has no
+    kernel: "abs_cpu" not implemented for 'Bool'), and a bfloat16 layer norm's backward, where the meta
+    kernels keep the statistics in float32 as accelerators do and the CPU's backward kernel refuses the mix."""
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.abs(torch.tensor([True, False]))
+    assert torch.abs(torch.tensor([True, False], device=dev)).cpu().tolist() == [True, False]
+
+    x = torch.randn(4, 8).bfloat16()
+    w = torch.randn(8).bfloat16()
+    xd, wd = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+    x.requires_grad_(), w.requires_grad_()
+    torch.nn.functional.layer_norm(x, (8,), w).float().square().sum().backward()
+    torch.nn.functional.layer_norm(xd, (8,), wd).float().square().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(wd.grad.cpu(), w.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_out_dtype_raises_at_the_call(dev):
+    """out= calls: functionalization computes the functional op and casts into ``out``; PyTorch's out=
+    kernels refuse an ``out`` of another dtype for these ops. lazyxla raises as the CPU does, and still
+    casts where PyTorch allows it (add into a float64 out)."""
+    x = torch.randn(3, 4, device=dev)
+    with pytest.raises(RuntimeError, match="Expected the dtype for input and out to match"):
+        torch.amax(x, 0, out=torch.empty(4, dtype=torch.int32, device=dev))
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        torch.add(x, x, out=torch.empty(3, 4, dtype=torch.int64, device=dev))
+    out = torch.empty(3, 4, dtype=torch.float64, device=dev)
+    torch.add(x, x, out=out)
+    torch.testing.assert_close(out.cpu(), (x.cpu() * 2).double())
