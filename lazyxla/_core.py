@@ -16,6 +16,7 @@ from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
+_flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
 
 
 def _below_functionalization() -> bool:
@@ -176,7 +177,7 @@ def _out_kernel(name: str, original):
     def kernel(keyset, *args, **kwargs):
         nonlocal op
         op = op or _overload(name)  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
-        check.check_out_call(op, args, kwargs, config.check_max_elements)
+        check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
         return original.call_boxed(keyset, *args, **kwargs)
 
     kernel.with_keyset = True

@@ -152,11 +152,9 @@ _OUT_MEMO_LIMIT = 100_000
 
 def _out_signature(x):
     if isinstance(x, torch.Tensor):
-        return (tuple(x.shape), x.dtype)
-    if isinstance(x, (list, tuple)):
-        return tuple(_out_signature(e) for e in x)
-    if isinstance(x, torch.device):
-        return x.type
+        return (x.shape, x.dtype)  # torch.Size hashes as the tuple it is
+    if type(x) is list or type(x) is tuple:
+        return tuple([_out_signature(e) for e in x])
     return x
 
 
@@ -179,7 +177,8 @@ def check_out_call(func, args, kwargs, limit: int) -> None:
     """
     if limit <= 0:
         return
-    sig = (func, _out_signature(args), _out_signature(tuple(sorted(kwargs.items()))))
+    # kwargs come in schema order
+    sig = (func, _out_signature(args), tuple([(k, _out_signature(v)) for k, v in kwargs.items()]))
     try:
         if sig in _out_checked:
             return

@@ -245,7 +245,7 @@ ERROR_INPUT_FAILURES: dict[tuple[str, str], str] = {
         "must be non-negative.'; lazyxla raises the CPU's"
     ),
     ("multinomial", "number of categories cannot exceed"): (
-        "the input holds 2**24 + 1 elements, more than config.check_max_elements (65536): the CPU check would "
+        "the input holds 2**24 + 1 elements, more than config.check_max_elements (2**20): the CPU check would "
         "cost a CPU run of that size, and multinomial's meta kernel does not make this check"
     ),
 }
