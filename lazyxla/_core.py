@@ -9,13 +9,15 @@ import warnings
 import torch
 
 from lazyxla import autocast
+from lazyxla.config import config
 from lazyxla.device import registration, runtime
-from lazyxla.lazy import rng
+from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
+_flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
 
 
 def _below_functionalization() -> bool:
@@ -207,6 +209,45 @@ AUTOGRAD_KERNELS = {
     "copy_": _copy_,
     **{name: _fused_step(name) for name in _FUSED_STEPS},
 }
+
+
+# ``out=`` calls: functionalization runs the functional op and copies the result into ``out``, so an
+# out= kernel's own checks (``out``'s dtype for gather, amax, multinomial, ...) never run on lazyxla and
+# the value was silently cast. A kernel at AutogradPrivateUse1 for every aten out= overload asks the CPU
+# out= kernel once per call signature (``check.check_out_call``), then runs PyTorch's own autograd kernel
+# (taken before the override; the same as every backend's).
+
+
+def _out_kernel(name: str, original):
+    op = None
+
+    def kernel(keyset, *args, **kwargs):
+        nonlocal op
+        op = op or _overload(name)  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
+        check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
+        return original.call_boxed(keyset, *args, **kwargs)
+
+    kernel.with_keyset = True
+    return kernel
+
+
+def _out_kernels() -> dict:
+    kernels = {}
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::") or not any(a.is_out for a in schema.arguments):
+            continue
+        name = schema.name.removeprefix("aten::") + ("." + schema.overload_name if schema.overload_name else "")
+        if name in AUTOGRAD_KERNELS:
+            continue
+        original = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+            schema.name + ("." + schema.overload_name if schema.overload_name else ""),
+            torch._C.DispatchKey.AutogradPrivateUse1,
+        )
+        kernels[name] = _out_kernel(name, original)
+    return kernels
+
+
+AUTOGRAD_KERNELS.update(_out_kernels())
 
 # PyTorch's functionalization kernel of ``aten::_to_copy`` (what ``Tensor.to(dtype)``, ``.float()``,
 # ``.bfloat16()`` run) wraps its result again only for the XLA and Lazy device types; for any other device it

@@ -17,10 +17,11 @@ import torch._decomp
 
 from lazyxla.config import config
 from lazyxla.device import runtime
-from lazyxla.lazy import diagnostics, graph, metrics, rng
+from lazyxla.lazy import check, diagnostics, graph, metrics, rng
 from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
 from lazyxla.lazy.metrics import _counters
 from lazyxla.lazy.tensor import LazyTensor, wrap
+from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
@@ -133,13 +134,16 @@ class _Pending0d:
         self.t = t
 
 
-def _flatten(func, args, kwargs):
+def _flatten(func, args, kwargs, place: bool = True):
+    """The call's template and inputs; with ``place``, 0-d CPU tensors are moved to the op's device."""
     pos_scalar, kw_scalar = _scalar_args(func)
     flat = _Flat()
     targs = tuple(flat.conv(a, i < len(pos_scalar) and pos_scalar[i]) for i, a in enumerate(args))
     tkw = tuple(sorted((k, flat.conv(v, k in kw_scalar)) for k, v in kwargs.items()))
     if flat.device is None:
         flat.device = _device_kwarg(kwargs)
+    if not place:
+        return (targs, tkw), flat
     for i, (value, aval) in enumerate(zip(flat.inputs, flat.avals)):
         if type(value[0]) is _Pending0d:
             metrics.inc("host_to_device")
@@ -162,17 +166,30 @@ def _device_kwarg(kwargs) -> int:
 _meta_cache: dict = {}
 
 
-def _to_meta(x, subst):
+def _meta_tensor(aval: Aval) -> torch.Tensor:
+    return torch.empty(aval.shape, dtype=aval.dtype, device="meta")
+
+
+def _instantiate(x, subst, make, device: torch.device):
+    """The template ``x`` with each input made by ``make(aval)`` (Python scalars as they are) and each
+    device argument replaced by ``device``."""
     if type(x) is tuple:
-        return tuple(_to_meta(e, subst) for e in x)
+        return tuple(_instantiate(e, subst, make, device) for e in x)
     if type(x) is In:
         s = subst[x.i]
-        if isinstance(s, Aval):
-            return torch.empty(s.shape, dtype=s.dtype, device="meta")
-        return s
+        return make(s) if isinstance(s, Aval) else s
     if isinstance(x, torch.device):
-        return torch.device("meta")
+        return device
     return x
+
+
+def _call_args(template, subst, args, kwargs, make, device: torch.device):
+    """The op's ``(args, kwargs)`` rebuilt from its template on tensors made by ``make`` (lists where the
+    original had lists)."""
+    targs, tkw = template
+    cargs = _relist(_instantiate(targs, subst, make, device), list(args))
+    ckw = {k: _relist(_instantiate(v, subst, make, device), kwargs[k]) for k, v in tkw}
+    return cargs, ckw
 
 
 def _relist(x, like):
@@ -193,18 +210,20 @@ def _spec(out, avals: list):
     return ("const", out)
 
 
-def _infer(func, template, ckey, flat: _Flat, args, kwargs):
+def _meta_key(func, ckey, flat: _Flat) -> tuple:
     # a Python float shares its aval with a 0-d float64 tensor, but not PyTorch's promotion rules
-    key = (func, ckey, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
+    return (func, ckey, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
+
+
+def _infer(func, template, ckey, flat: _Flat, args, kwargs):
+    key = _meta_key(func, ckey, flat)
     try:
         return _meta_cache[key]
     except KeyError:
         pass
     except TypeError:  # unhashable constant
         key = None
-    targs, tkw = template
-    margs = _relist(_to_meta(targs, flat.meta_subst), list(args))
-    mkw = {k: _relist(_to_meta(v, flat.meta_subst), kwargs[k]) for k, v in tkw}
+    margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
     with torch._C._DisableFuncTorch(), _no_python_dispatch():
         try:
             out = func(*margs, **mkw)
@@ -212,10 +231,14 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
             if func not in _MISSING_META:
                 raise _NoMeta(str(e)) from e
             out = _MISSING_META[func](*margs, **mkw)
+        except Exception as e:  # the CPU kernel's exception type, if it raises another, is PyTorch's answer
+            _check_on_cpu(func, template, flat, args, kwargs, (), meta_error=e)
+            raise
     avals: list = []
     result = (_spec(out, avals), tuple(avals))
     for aval in result[1]:
         runtime.np_dtype(aval.dtype)  # an unsupported dtype (complex32, ...) raises here, at the call
+    _check_on_cpu(func, template, flat, args, kwargs, result[1])
     if key is not None:
         _meta_cache[key] = result
     return result
@@ -233,6 +256,90 @@ def _new_values_meta(func):
         return tuple([torch.empty_like(t) for t in x] if isinstance(x, list) else torch.empty_like(x) for x in like)
 
     return meta
+
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+
+def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_error=None) -> None:
+    """Raise, at the call, the error PyTorch's CPU kernel raises for this call (see ``lazy.check``)."""
+    limit = _flags["check_max_elements"]
+    in_avals = [s for s in flat.meta_subst if isinstance(s, Aval)]
+    if limit <= 0 or check.numel(in_avals) + check.numel(out_avals) > limit or _masks_index(template, flat):
+        return
+
+    def lowers() -> bool:  # the call as a node, for asking whether its rule lowers it
+        return to_jax.traces(node(func, tuple(flat.inputs), template, tuple(out_avals), flat.device, 0))
+
+    check.raise_cpu_error(
+        func,
+        lambda make: _call_args(template, flat.meta_subst, args, kwargs, make, _CPU),
+        random=RULES[func].random if func in RULES else True,
+        meta_error=meta_error,
+        lowers=lowers if func in RULES and out_avals else None,
+    )
+
+
+def _masks_index(template, flat: _Flat) -> bool:
+    """Whether a boolean tensor is among a list argument (``index_put``'s indices): the shapes then depend
+    on how many elements the mask selects, which stand-in values cannot know."""
+    targs, tkw = template
+    for a in (*targs, *(v for _, v in tkw)):
+        if type(a) is tuple:
+            for e in a:
+                if type(e) is In and getattr(flat.meta_subst[e.i], "dtype", None) is torch.bool:
+                    return True
+    return False
+
+
+# Signatures of calls about to be decomposed whose CPU check passed (the fast path's keys, else the meta
+# cache's): the check runs once per signature.
+_checked: set = set()
+
+
+def _check_before_decomposing(func, args, kwargs, route) -> None:
+    """An op without a rule is about to be decomposed into ops that each have their own checks, but the
+    op's own checks (a dim out of range for ``aminmax``, ...) would be lost: raise what the CPU raises."""
+    if _flags["check_max_elements"] <= 0:
+        return
+    found = _signature(func, args, kwargs, route[2], route[3])
+    if found is not None and found[0] in _checked:
+        return
+    template, flat = _flatten(func, args, kwargs, place=False)
+    key = _meta_key(func, canonical(template), flat)
+    try:
+        done = key in _checked
+    except TypeError:  # an unhashable constant: checked, not remembered
+        key, done = None, False
+    if not done:
+        margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
+        with torch._C._DisableFuncTorch(), _no_python_dispatch():
+            try:
+                out_avals = _spec_avals(func(*margs, **mkw))
+            except NotImplementedError:  # no meta kernel: the outputs' size is unknown, so no CPU check
+                out_avals = None
+            except Exception as e:  # the CPU's error, if it raises too; else the decomposition's own
+                _check_on_cpu(func, template, flat, args, kwargs, (), e)
+                out_avals = None
+        if out_avals is not None:
+            _check_on_cpu(func, template, flat, args, kwargs, out_avals)
+        if key is not None:
+            _remember(_checked, key)
+    if found is not None:
+        _remember(_checked, found[0])
+
+
+def _spec_avals(out) -> list:
+    avals: list = []
+    _spec(out, avals)
+    return avals
+
+
+def _remember(memo: set, key) -> None:
+    if len(memo) >= _FAST_LIMIT:  # signatures that keep changing: start over rather than grow forever
+        memo.clear()
+    memo.add(key)
 
 
 # Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).
@@ -857,6 +964,7 @@ def dispatch(func, args, kwargs):
         return _out_variant(func, args, kwargs)
     decomp = _decomposition(func)
     if decomp is not None:
+        _check_before_decomposing(func, args, kwargs, route)
         out = _decomposed(decomp, args, kwargs)
         if out is not NotImplemented:
             return out

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import torch
 
+from lazyxla.device import runtime
 from lazyxla.device.runtime import np_dtype
 from lazyxla.lazy.ir import In, Leaf, Node
 from lazyxla.lowering.registry import RULES, Ctx
@@ -94,6 +95,28 @@ def _failed(n: Node, e: Exception) -> str:
         "keeps its value: the tensors computed from this op raise this error when read; drop them (del) and the "
         "next sync runs the rest"
     )
+
+
+def traces(n: Node) -> bool:
+    """Whether ``n``'s rule lowers for its inputs' avals (``jax.eval_shape``: nothing is compiled or run).
+
+    Example: a ``bitwise_and`` node on float32 inputs gives False (jax's ``and`` takes no floats).
+    """
+    structs = []
+    for m, i in n.inputs:
+        if m.op is Leaf.SCALAR:
+            structs.append(jax.ShapeDtypeStruct((), _scalar_dtype(n)))
+        else:
+            aval = m.avals[i]
+            structs.append(jax.ShapeDtypeStruct(aval.shape, np_dtype(aval.dtype)))
+    if RULES[n.op].random:
+        structs.append(jax.ShapeDtypeStruct((2,), np.uint32))
+    try:
+        with runtime.x64():
+            jax.eval_shape(lambda *ins: apply(n, list(ins)), *structs)
+    except Exception:
+        return False
+    return True
 
 
 class ArgLayout:

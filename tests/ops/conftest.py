@@ -31,6 +31,8 @@ def pytest_runtest_logreport(report):
     row = _rows.setdefault(report.nodeid, dict(info, outcome="passed", fallbacks=[], message=""))
     if "fallbacks" in props:
         row["fallbacks"] = props["fallbacks"]
+    if "error_samples" in props:  # tests/ops/test_error_inputs.py: each error input's outcome
+        row["error_samples"] = props["error_samples"]
     if report.skipped:
         row["outcome"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
         row["message"] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else report.wasxfail
