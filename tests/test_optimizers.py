@@ -137,14 +137,6 @@ OPTIMIZERS = {
     ),
 }
 
-# Need torch.as_tensor(x, device=lazyxla) to give a tracked (functionalized) tensor: ASGD makes its eta state
-# that way (and its new etas and mus, without capturable) and updates it in place. That is the factory fix of
-# issue 14 point 2 (branch h/factories): until it is in, these cases are expected to fail (strictly); once it is,
-# they run like every other case, and this set can go.
-_NEEDS_TRACKED_FACTORIES = {"ASGD-foreach-plain", "ASGD-foreach-averaging_wd_maximize", "ASGD-for-loop-capturable",
-                            "ASGD-foreach-capturable"}  # fmt: skip
-
-
 # Cases whose programs are all compiled only after a later step than 2, and why.
 _SETTLES_AFTER = {
     # The for-loop ASGD reads mu on the host and copies the parameters into its averages while mu is 1 (its
@@ -164,15 +156,7 @@ def _cases():
                 case = f"{name}-{impl}-{variant}"
                 if case in _PYTORCH_REFUSES:
                     continue
-                marks = []
-                if case in _NEEDS_TRACKED_FACTORIES and not _factories_tracked():
-                    marks.append(pytest.mark.xfail(strict=True, reason="torch.as_tensor(device=lazyxla) untracked"))
-                yield pytest.param(name, impl, variant, id=case, marks=marks)
-
-
-def _factories_tracked() -> bool:
-    """Whether ``torch.as_tensor(0.5, device=lazyxla)`` gives a functionalized tensor (see the note above)."""
-    return torch._is_functional_tensor(torch.as_tensor(0.5, device=lazyxla.device()))
+                yield pytest.param(name, impl, variant, id=case)
 
 
 def _model(dtype=torch.float32) -> torch.nn.Module:
