@@ -225,10 +225,44 @@ def _out_kernel(name: str, original):
         nonlocal op
         op = op or _overload(name)  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
+        args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
 
     kernel.with_keyset = True
     return kernel
+
+
+_NUMBER = (bool, int, float, complex)
+
+
+def _numbers_as_tensors(op, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with each Python number at a ``Tensor`` position made a 0-d CPU tensor.
+
+    PyTorch's C++ code calls out= ops with numbers wrapped as tensors (``at::mul_out(out, t, 0.25)``, as DDP's
+    gradient averaging does); entering a Python kernel turns them back into Python numbers, which a boxed call
+    refuses ("Expected a value of type 'Tensor' for argument 'other'"). A wrapped number cannot be rebuilt from
+    Python, so the number becomes a 0-d tensor of the dtype PyTorch computes in (its promotion with the other
+    inputs, as a wrapped number promotes): the same result, the number exact in that dtype.
+    """
+    schema = op._schema.arguments
+    positions = [i for i, a in enumerate(args[: len(schema)]) if type(a) in _NUMBER and _is_tensor_arg(schema[i])]
+    names = {a.name: a for a in schema}
+    keys = [k for k, v in kwargs.items() if type(v) in _NUMBER and k in names and _is_tensor_arg(names[k])]
+    if not positions and not keys:
+        return args, kwargs
+    inputs = [a for a, s in zip(args, schema) if isinstance(a, torch.Tensor) and not s.is_out]
+    inputs += [v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k in names and not names[k].is_out]
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in inputs], torch.bool)
+
+    def tensor(number):
+        return torch.tensor(number, dtype=torch.result_type(torch.empty(0, dtype=dtype), number))
+
+    args = tuple(tensor(a) if i in positions else a for i, a in enumerate(args))
+    return args, {k: tensor(v) if k in keys else v for k, v in kwargs.items()}
+
+
+def _is_tensor_arg(argument) -> bool:
+    return str(argument.type) in ("Tensor", "Optional[Tensor]")
 
 
 def _out_kernels() -> dict:

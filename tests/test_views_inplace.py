@@ -56,3 +56,22 @@ def test_view_and_inplace_semantics(fn, dev):
             torch.testing.assert_close(a.cpu(), e)
     else:
         torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("number", [0.1, 3, True], ids=["float", "int", "bool"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("op", ["mul", "add", "div"])
+def test_out_calls_with_a_number_operand_match_cpu(op, dtype, number, dev):
+    """``torch.mul(x, 0.25, out=y)`` (and PyTorch's C++ code, e.g. DDP averaging gradients with ``mul_out``)
+    passes the number wrapped as a tensor; lazyxla's out= check kernel received it as a Python number and
+    its boxed call raised "Expected a value of type 'Tensor' for argument 'other'"."""
+    x = torch.arange(1, 5).to(dtype)
+    expected = getattr(torch, op)(x, number)
+    out_cpu = torch.empty(4, dtype=expected.dtype)
+    getattr(torch, op)(x, number, out=out_cpu)
+    out = torch.empty(4, dtype=expected.dtype, device=dev)
+    getattr(torch, op)(x.to(dev), number, out=out)
+    got = out.cpu()
+    assert got.dtype == out_cpu.dtype
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {"rtol": 1e-6, "atol": 0}
+    torch.testing.assert_close(got, out_cpu, **tol)
