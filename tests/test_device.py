@@ -388,3 +388,26 @@ def test_copy_from_the_device_into_an_existing_cpu_tensor(dev):
     z.copy_(w * 2)  # device-to-device copy_ keeps PyTorch's autograd
     z.sum().backward()
     assert w.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_the_call_checks_keep_no_tensor_alive_until_a_garbage_collection(dev):
+    """The CPU check of a call (lazy/check.py) kept the exception the CPU raised, with its traceback: a reference
+    cycle through the check's frames held the call's lazyxla tensors until Python's garbage collector ran, so a
+    full sync computed them as extra outputs (in 2-D SPMD, an attention intermediate's layout then broke the
+    compile) and the first sync's gc.freeze() kept them for good. Every tensor must be freed by its last
+    reference. Scaled-dot-product attention's accelerator op has a CPU stub that raises NotImplementedError."""
+    import gc
+    import weakref
+
+    import torch.nn.functional as F
+
+    gc.disable()
+    try:
+        q = torch.randn(3, 2, 5, 7, device=dev, requires_grad=True)  # a signature no other test records
+        out = F.scaled_dot_product_attention(q, q, q)
+        out.sum().backward()
+        refs = [weakref.ref(unwrap(t)) for t in (q.detach(), out.detach(), q.grad)]
+        del q, out
+        assert [r() is None for r in refs] == [True] * 3
+    finally:
+        gc.enable()

@@ -90,10 +90,28 @@ def _run(func, build, make, random: bool) -> BaseException | None:
             func(*args, **kwargs)
         return None
     except Exception as e:
-        return e
+        return _without_tracebacks(e)
     finally:
         if random:  # the check must not move the user's CPU random stream
             torch.random.set_rng_state(state)
+
+
+def _without_tracebacks(error: BaseException) -> BaseException:
+    """``error`` with the tracebacks of its whole chain dropped (it is raised again without one).
+
+    A kept traceback holds this check's frames, and through them the call's lazyxla tensors (``build`` closes
+    over the arguments), in a reference cycle that only the garbage collector frees: until then a full sync
+    finds those tensors alive and computes them as extra outputs (and the first sync's ``gc.freeze()`` kept
+    them for good)."""
+    stack, seen = [error], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        stack += [e.__cause__, e.__context__]
+    return error
 
 
 def _cpu_error(func, build, random: bool, meta_error: BaseException | None, lowers) -> BaseException | None:

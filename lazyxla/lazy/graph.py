@@ -395,6 +395,7 @@ def _freeze_gc_once() -> None:
     global _gc_frozen
     if not _gc_frozen and config.freeze_gc:
         _gc_frozen = True
+        gc.collect()  # garbage still in reference cycles would be frozen with the rest, and never freed
         gc.freeze()
 
 
