@@ -338,3 +338,42 @@ def forced_mismatch(rank: int) -> dict:
     with jax.enable_x64(True):  # a correct buffer again: the tensor still works
         node.payload = jax.device_put(np.arange(BATCH * SEQ).reshape(BATCH, SEQ), mesh.sharding(("data", None)))
     return {"narrowed": narrowed, "dtype": str(node.payload.dtype), "error": error, "after": (ids * 2).sum().item()}
+
+
+def kept_intermediates(rank: int) -> dict:
+    """2-D GPT steps while the user keeps every attention output alive: XLA lays those outputs out split over
+    both mesh axes, which jax could not name on the 1-D mesh of the program's first (replicated) argument."""
+    import lazyxla
+    from tests.models import GPT
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((2, -1), ("data", "model"))
+    torch.manual_seed(0)
+    ref = GPT()
+    model = copy.deepcopy(ref).to(dev)
+    _annotate(model, mesh, "2d")
+    kept: list = []
+    sdpa = F.scaled_dot_product_attention
+
+    def keeping(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        kept.append(out)
+        return out
+
+    F.scaled_dot_product_attention = keeping
+    try:
+        x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+        xd = x.to(dev)
+        spmd.mark_sharding(xd, mesh, ("data", None))
+        loss = _loss(model(xd), xd)
+        lazyxla.sync()
+        got = [t.cpu() for t in kept]
+        kept.clear()
+        _loss(ref(x), x)
+        want = [t.detach() for t in kept]
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    diff = max((g - w).abs().max().item() for g, w in zip(got, want))
+    return {"kept": len(got), "diff": diff, "loss": loss.item()}

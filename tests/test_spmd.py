@@ -129,3 +129,8 @@ def test_a_mismatched_buffer_raises_naming_the_input_instead_of_crashing():
     assert "torch.int64" in out["error"] and "device buffers int32[1, 16]" in out["error"], out["error"]
     assert "takes int64[8, 16]" in out["error"] and "copied from the CPU at" in out["error"], out["error"]
     assert out["after"] == 2 * sum(range(128))  # the program did not run; with a correct buffer it does
+
+
+def test_intermediates_the_user_keeps_alive_compile_and_equal_cpu():
+    (out,) = lazyxla.spawn(S.kept_intermediates, nprocs=1, cpu_devices=8, timeout_s=300)
+    assert out["kept"] == 2 and out["diff"] <= 1e-5, out

@@ -236,10 +236,26 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
     if dev is None:  # SPMD: inputs keep their layouts, XLA's partitioner chooses the outputs'
         fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate)
         shardings = [leaves[i].payload.sharding for i in layout.data]
-        return fn.lower(*layout.specs(leaves, runtime.replicated(), shardings))
+        replicated = _replicated_like(shardings)
+        shardings = [replicated if s.is_fully_replicated else s for s in shardings]
+        return fn.lower(*layout.specs(leaves, replicated, shardings))
     sharding = jax.sharding.SingleDeviceSharding(dev)
     fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)
     return fn.lower(*layout.specs(leaves, sharding))
+
+
+def _replicated_like(shardings: list) -> jax.sharding.NamedSharding:
+    """The layout a replicated argument of an SPMD program is lowered with: replicated over the mesh of its
+    first argument split over a mesh (else over every device; the same layout either way).
+
+    jax names the layouts XLA's partitioner chose for the outputs on the mesh of the program's first argument;
+    a 1-D mesh of all devices cannot name one split over two mesh axes (a 2-D GPT's attention output kept
+    alive: jax raised IndivisibleError at compile).
+    """
+    for s in shardings:
+        if isinstance(s, jax.sharding.NamedSharding) and not s.is_fully_replicated:
+            return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
+    return runtime.replicated()
 
 
 def lower(order, leaves, roots, device: int):
