@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from lazyxla.device.runtime import np_dtype
+from lazyxla.device.devices import np_dtype
 from lazyxla.lowering.registry import lowers
 from lazyxla.lowering.rules.common import acc, vjp
 
