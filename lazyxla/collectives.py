@@ -7,15 +7,7 @@ Example::
     import lazyxla.parallel.collectives
 """
 
-import sys
-
 from lazyxla.parallel import collectives as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.collectives",
-    "lazyxla.collectives is deprecated: use lazyxla.all_reduce & co. (lazyxla.parallel.collectives)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.all_reduce & co. (lazyxla.parallel.collectives)")

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import time
 import warnings
 from typing import Any
@@ -172,3 +173,18 @@ def warn_once(key: str, message: str, category: type[Warning] = UserWarning, sta
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+def moved_module(old: str, module, use: str) -> None:
+    """Make the deprecated module ``old`` (running its own code now) the moved ``module`` itself, and warn once.
+
+    Called by the alias modules kept for one release at a moved module's old name: ``import old`` then gives
+    the moved module, every name (private ones too) included, and one ``DeprecationWarning`` naming ``use``
+    at the importing line.
+
+    Example::
+
+        moved_module(__name__, autocast, "lazyxla.frontend.autocast")    # in lazyxla/autocast/__init__.py
+    """
+    warn_once("moved:" + old, f"{old} is deprecated: use {use}", DeprecationWarning, stacklevel=3)
+    sys.modules[old] = module

@@ -7,15 +7,7 @@ Example::
     import lazyxla.frontend.autocast
 """
 
-import sys
-
 from lazyxla.frontend import autocast as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.autocast",
-    "lazyxla.autocast is deprecated: use lazyxla.frontend.autocast",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.frontend.autocast")

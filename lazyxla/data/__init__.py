@@ -7,15 +7,7 @@ Example::
     import lazyxla.parallel.data
 """
 
-import sys
-
 from lazyxla.parallel import data as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.data",
-    "lazyxla.data is deprecated: use lazyxla.DeviceLoader (lazyxla.parallel.data)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.DeviceLoader (lazyxla.parallel.data)")

@@ -7,15 +7,7 @@ Example::
     import lazyxla.lazy.regions
 """
 
-import sys
-
 from lazyxla.lazy import regions as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.regions",
-    "lazyxla.regions is deprecated: use lazyxla.compile (lazyxla.lazy.regions)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.compile (lazyxla.lazy.regions)")

@@ -7,15 +7,7 @@ Example::
     import lazyxla.frontend.export
 """
 
-import sys
-
 from lazyxla.frontend import export as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.stablehlo",
-    "lazyxla.stablehlo is deprecated: use lazyxla.export (lazyxla.frontend.export)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.export (lazyxla.frontend.export)")

@@ -7,15 +7,7 @@ Example::
     import lazyxla.device.processes
 """
 
-import sys
-
 from lazyxla.device import processes as _module
-from lazyxla.util import warn_once
+from lazyxla.util import moved_module
 
-warn_once(
-    "moved:lazyxla.device.distributed",
-    "lazyxla.device.distributed is deprecated: use lazyxla.runtime (lazyxla.device.processes)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _module  # the module itself: every name, private ones included, as before the move
+moved_module(__name__, _module, "lazyxla.runtime (lazyxla.device.processes)")
