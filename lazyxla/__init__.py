@@ -12,19 +12,27 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
-from lazyxla import (  # noqa: F401  (lowering fills the rule table)
-    _core,
+from lazyxla import (  # noqa: F401  (the public submodules, and lowering fills the rule table)
     debug,
-    dynamo,  # noqa: F401  (the torch.compile backend "lazyxla")
+    dynamo,  # the torch.compile backend "lazyxla" (registered when torch._dynamo loads)
     lowering,
     metrics,
     profiler,
     runtime,
     spmd,
 )
-from lazyxla.collectives import (
+from lazyxla.config import config
+from lazyxla.device import devices as _devices
+from lazyxla.frontend import kernels as _kernels
+from lazyxla.frontend.export import Exported, ExportError, export
+from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
+from lazyxla.lazy.regions import CompileRegionError, compile
+from lazyxla.parallel import process_group as _process_group
+from lazyxla.parallel.collectives import (
     ReduceOp,
     all_gather,
     all_reduce,
@@ -33,19 +41,13 @@ from lazyxla.collectives import (
     collective_permute,
     reduce_scatter,
 )
-from lazyxla.collectives import process_group as _process_group
-from lazyxla.collectives.launch import SpawnError, spawn
-from lazyxla.collectives.training import load, optimizer_step, reduce_gradients, save
-from lazyxla.config import config
-from lazyxla.data import DeviceLoader
-from lazyxla.device import runtime as _runtime
-from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
-from lazyxla.regions import CompileRegionError, compile
-from lazyxla.stablehlo import Exported, ExportError, export
+from lazyxla.parallel.data import DeviceLoader
+from lazyxla.parallel.launch import SpawnError, spawn
+from lazyxla.parallel.training import load, optimizer_step, reduce_gradients, save
 
 __version__ = "0.1.0"
 
-_core.install()
+_kernels.install()
 _process_group.register()
 
 
@@ -58,7 +60,7 @@ def device(index: int | None = None) -> torch.device:
         model.to(dev)
     """
     i = 0 if index is None else int(index)
-    _runtime.jax_device(i)
+    _devices.jax_device(i)
     return torch.device("lazyxla", i)
 
 
@@ -69,7 +71,7 @@ def devices() -> list[torch.device]:
 
         for d in lazyxla.devices(): print(d)
     """
-    return [torch.device("lazyxla", i) for i in range(len(_runtime.local_devices()))]
+    return [torch.device("lazyxla", i) for i in range(len(_devices.local_devices()))]
 
 
 def mark_step(wait: bool = False) -> SyncReport:
@@ -89,7 +91,18 @@ def platform() -> str:
 
         print(lazyxla.platform())
     """
-    return _runtime.platform()
+    return _devices.platform()
+
+
+_MOVED = ("autocast", "collectives", "data", "regions", "stablehlo")  # deprecated aliases of moved modules
+
+
+def __getattr__(name: str):
+    """``lazyxla.autocast`` & co. after a plain ``import lazyxla``, as before they moved: loaded on first use
+    (a public-face lazy load: the alias modules warn once that they are deprecated)."""
+    if name in _MOVED:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

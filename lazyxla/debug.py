@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from lazyxla.ir import Leaf
+from lazyxla.lazy import graph
 from lazyxla.lazy.graph import plan
-from lazyxla.lazy.ir import Leaf
 from lazyxla.lazy.tensor import unwrap
+from lazyxla.lowering import cache
 
 
 def _pending(tensors: Sequence[torch.Tensor]):
@@ -42,8 +44,6 @@ def stablehlo_text(tensors: Sequence[torch.Tensor]) -> str:
         loss.backward(); opt.step()
         print(lazyxla.debug.stablehlo_text([loss, *model.parameters()]))
     """
-    from lazyxla.lowering import cache
-
     pending, device = _pending(tensors)
     roots, order, leaves, _ = plan(pending)
     return cache.lower(order, leaves, roots, device).as_text()
@@ -57,8 +57,6 @@ def ir_text(tensors: Sequence[torch.Tensor]) -> str:
 
         print(lazyxla.debug.ir_text([loss]))
     """
-    from lazyxla.lazy import graph
-
     pending, _ = _pending(tensors)
     roots, order, leaves, _ = plan(pending)
     return graph.ir_text(order, leaves, roots)

@@ -1,5 +1,5 @@
 """``lazyxla.metrics``: counters, timers, sync triggers, recompile explanations and a readable report."""
 
-from lazyxla.lazy.metrics import counters, recompiles, report, reset, syncs, timers
+from lazyxla.observe.metrics import counters, recompiles, report, reset, syncs, timers
 
 __all__ = ["counters", "recompiles", "report", "reset", "syncs", "timers"]

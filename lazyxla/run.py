@@ -23,13 +23,14 @@ import os
 import runpy
 import sys
 
+from lazyxla import compat
+from lazyxla.config import foreign_env
+
 USAGE = "usage: python -m lazyxla.run script.py [args ...]\n       python -m lazyxla.run -m module [args ...]"
 
 
 def _export_path(path: str) -> None:
     """Append ``path`` to ``PYTHONPATH`` for child interpreters (once)."""
-    from lazyxla.config import foreign_env
-
     parts = [p for p in foreign_env("PYTHONPATH").split(os.pathsep) if p]
     if path not in [os.path.abspath(p) for p in parts]:
         os.environ["PYTHONPATH"] = os.pathsep.join([*parts, path])
@@ -68,8 +69,6 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2)
         # before install() looks for a real torch_xla: the script's sys.path, not the current folder's
         _put_script_folder_first(script, replace_cwd=command)
-
-    from lazyxla import compat
 
     if compat.install():
         _export_path(compat.PATH_DIR)

@@ -1,4 +1,4 @@
-"""``lazyxla.runtime``: the run's processes and replicas (see ``lazyxla.device.distributed``).
+"""``lazyxla.runtime``: the run's processes and replicas (see ``lazyxla.device.processes``).
 
 Example::
 
@@ -7,7 +7,7 @@ Example::
         print("replicas:", lazyxla.runtime.world_size())
 """
 
-from lazyxla.device.distributed import (
+from lazyxla.device.processes import (
     DistributedError,
     global_ordinal,
     initialize,

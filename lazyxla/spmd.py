@@ -1,4 +1,4 @@
-"""``lazyxla.spmd``: device meshes and sharding annotations (see ``lazyxla.collectives.spmd``).
+"""``lazyxla.spmd``: device meshes and sharding annotations (see ``lazyxla.parallel.spmd``).
 
 Example::
 
@@ -8,7 +8,7 @@ Example::
     lazyxla.spmd.mark_sharding(w, mesh, (None, "model"))
 """
 
-from lazyxla.collectives.spmd import (
+from lazyxla.parallel.spmd import (
     Mesh,
     ShardingError,
     clear_sharding,

@@ -176,7 +176,7 @@ def gpt_spmd_cached(rank: int, cache_dir: str, mode: str) -> dict:
 def master_only_read(rank: int) -> dict:
     """Rank 0 reads a value mid-step that rank 1 does not: both must raise a clear error, not hang or abort."""
     import lazyxla
-    from lazyxla.device.distributed import DistributedError
+    from lazyxla.device.processes import DistributedError
 
     spmd = lazyxla.spmd
     spmd.enable()
@@ -264,7 +264,7 @@ def dtype_layouts(rank: int) -> dict:
     """Every dtype sharded over the batch, as transferred data, computed data (a program's output, and a
     pending value) and an fsdp model, compared with the CPU: {case: max abs difference or an error}."""
     import lazyxla
-    from lazyxla.collectives.spmd import from_local
+    from lazyxla.parallel.spmd import from_local
 
     spmd = lazyxla.spmd
     spmd.enable()

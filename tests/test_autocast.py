@@ -1,4 +1,4 @@
-"""torch.autocast("lazyxla"): PyTorch's CUDA autocast lists at AutocastPrivateUse1 (lazyxla/autocast.py)."""
+"""torch.autocast("lazyxla"): PyTorch's CUDA autocast lists at AutocastPrivateUse1 (lazyxla/frontend/autocast.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import autocast
+from lazyxla.frontend import autocast
 from tests.models import GPT
 
 LOW = (torch.bfloat16, torch.float16)

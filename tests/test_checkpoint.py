@@ -45,7 +45,7 @@ def test_round_trip_of_nested_state(dev, tmp_path):
 # A process that saves a large checkpoint over an existing one and is killed in the middle of writing it.
 _KILLED_MID_SAVE = r"""
 import os, sys, time, torch, lazyxla
-from lazyxla.collectives import training
+from lazyxla.parallel import training
 path, marker = sys.argv[1], sys.argv[2]
 real_fsync = os.fsync
 def slow_fsync(fd):
@@ -87,12 +87,12 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_intact(dev, tm
 
 
 def test_a_save_removes_only_its_own_files_stale_temporaries(dev, tmp_path):
-    from lazyxla.collectives import training
+    from lazyxla import util
 
     probe = [sys.executable, "-c", "import os; print(os.getpid())"]
     proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     dead = int(proc.stdout)  # a process that has exited
-    host = training._HOST
+    host = util._HOST
     stale = tmp_path / f".ckpt.pt.tmp.{dead}.0123abcd.{host}"
     live = tmp_path / f".ckpt.pt.tmp.{os.getpid()}.4567abcd.{host}"  # another thread of a running writer
     other_target = tmp_path / f".other.pt.tmp.{dead}.89abcdef.{host}"

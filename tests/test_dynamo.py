@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lazyxla
-from lazyxla import dynamo
+from lazyxla.frontend import dynamo
 from tests.models import CNN, GPT, MLP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
+from lazyxla import util
 from lazyxla.lowering import cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def _entries(folder: Path) -> list[Path]:
 @pytest.fixture
 def disk_cache(tmp_path, monkeypatch):
     """The persistent cache on, in a fresh folder of this test's (warnings and folder checks forgotten)."""
-    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(util, "_warned", set())
     monkeypatch.setattr(cache, "_broken", {})
     monkeypatch.setattr(cache, "_ready", type(cache._ready)())
     folder = tmp_path / "xla"
@@ -254,7 +255,7 @@ def test_a_folder_of_another_user_turns_the_cache_off(disk_cache, dev, monkeypat
 
 def test_under_the_user_cache_root_parents_are_checked_and_created_private(tmp_path, dev, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(util, "_warned", set())
     monkeypatch.setattr(cache, "_broken", {})
     monkeypatch.setattr(cache, "_ready", type(cache._ready)())
     folder = tmp_path / "xdg" / "lazyxla" / "xla"
@@ -340,12 +341,12 @@ def _dead_pid() -> int:
 
 
 def test_temporary_files_of_killed_writers_are_removed_when_the_folder_is_opened(disk_cache, dev):
-    from lazyxla.collectives import training
+    from lazyxla import util
 
     disk_cache.mkdir(mode=0o700)
     name = "0" * 64 + ".lxc"
-    dead = disk_cache / f".{name}.tmp.{_dead_pid()}.0123abcd.{training._HOST}"
-    writing = disk_cache / f".{name}.tmp.{os.getpid()}.4567abcd.{training._HOST}"  # a live writer's
+    dead = disk_cache / f".{name}.tmp.{_dead_pid()}.0123abcd.{util._HOST}"
+    writing = disk_cache / f".{name}.tmp.{os.getpid()}.4567abcd.{util._HOST}"  # a live writer's
     elsewhere = disk_cache / f".{name}.tmp.1.89abcdef.another-host"  # a writer on another host sharing the folder
     abandoned = disk_cache / f".{name}.tmp.1.cdef0123.another-host"
     unrelated = disk_cache / "notes.tmp"
@@ -387,7 +388,7 @@ def test_a_failing_load_falls_back_to_compiling(tmp_path, dev, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("deliberately broken")
 
-    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(util, "_warned", set())
     with lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
         cache.clear()
         _step(dev, 4)  # writes the entry

@@ -18,7 +18,7 @@ import torch
 
 import lazyxla
 from lazyxla import ReduceOp
-from lazyxla.collectives import launch
+from lazyxla.parallel import launch
 
 
 @pytest.mark.parametrize("nprocs,groups", [(2, [[1], [0]]), (4, [[0, 1], [2, 3]])])
@@ -139,7 +139,7 @@ def test_a_communication_error_is_named_when_no_other_rank_reports_a_cause(monke
 
 
 def test_communication_errors_are_told_from_a_ranks_own_errors():
-    from lazyxla.device.distributed import DistributedError
+    from lazyxla.device.processes import DistributedError
 
     def chained(outer, inner):
         try:
@@ -198,15 +198,15 @@ def test_every_server_of_a_spawned_run_listens_on_loopback_only():
     ],
 )
 def test_the_coordinator_binds_to_loopback_unless_told_otherwise(flag, address, bound):
-    from lazyxla.device import distributed
+    from lazyxla.device import processes
 
     with lazyxla.config.override(coordinator_bind_address=flag):
-        assert distributed.bind_address(address) == bound
+        assert processes.bind_address(address) == bound
     with (
         lazyxla.config.override(coordinator_bind_address="0.0.0.0"),
-        pytest.raises(distributed.DistributedError, match="names no port"),
+        pytest.raises(processes.DistributedError, match="names no port"),
     ):
-        distributed.bind_address(None)
+        processes.bind_address(None)
 
 
 def test_values_exchanged_between_processes_keep_every_dtype():
@@ -355,27 +355,27 @@ def test_multi_replica_programs_are_loaded_from_the_disk_cache(tmp_path):
     ],
 )
 def test_how_a_process_learns_its_run(monkeypatch, env, run, detect):
-    from lazyxla.device import distributed
+    from lazyxla.device import processes
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert distributed._from_environment() == run
-    assert distributed._cluster_detected() == detect
+    assert processes._from_environment() == run
+    assert processes._cluster_detected() == detect
     with lazyxla.config.override(num_processes=3, process_id=2, coordinator_address="h:1"):
-        assert distributed._from_environment() == {"num_processes": 3, "process_id": 2, "coordinator_address": "h:1"}
-        assert not distributed._cluster_detected()  # the run is described: no detection
+        assert processes._from_environment() == {"num_processes": 3, "process_id": 2, "coordinator_address": "h:1"}
+        assert not processes._cluster_detected()  # the run is described: no detection
     with lazyxla.config.override(cluster_detection=True):
-        assert distributed._cluster_detected()
+        assert processes._cluster_detected()
 
 
 def test_initialize_after_the_backend_started_is_a_clear_error(dev, monkeypatch):
-    from lazyxla.device import distributed
+    from lazyxla.device import processes
 
-    monkeypatch.setattr(distributed, "_state", {})
-    with pytest.raises(distributed.DistributedError, match="before the first use of a device"):
-        distributed.initialize("127.0.0.1:1", num_processes=2, process_id=0)
-    with pytest.raises(distributed.DistributedError, match="needs \\['coordinator_address'\\]"):
-        distributed.initialize(num_processes=2, process_id=0)
+    monkeypatch.setattr(processes, "_state", {})
+    with pytest.raises(processes.DistributedError, match="before the first use of a device"):
+        processes.initialize("127.0.0.1:1", num_processes=2, process_id=0)
+    with pytest.raises(processes.DistributedError, match="needs \\['coordinator_address'\\]"):
+        processes.initialize(num_processes=2, process_id=0)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla.lazy.ir import ComputeError
+from lazyxla.ir import ComputeError
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.lowering import cache
 from lazyxla.lowering.registry import RULES, Rule

@@ -37,6 +37,11 @@ import importlib.util
 import os
 import sys
 
+import jax
+
+from lazyxla.config import config, foreign_env
+from lazyxla.device.processes import _backend_started
+
 __all__ = ["PATH_DIR", "install", "installed", "real_torch_xla", "uninstall"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,13 +145,8 @@ def _apply_pjrt_environment() -> None:
     if _state["env_applied"]:
         return
     _state["env_applied"] = True
-    from lazyxla.config import config, foreign_env
-    from lazyxla.device.distributed import _backend_started
-
     if _backend_started():
         return
-    import jax
-
     device = foreign_env("PJRT_DEVICE").strip().upper()
     platform = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}.get(device.split("_")[0])
     if platform and not foreign_env("JAX_PLATFORMS"):

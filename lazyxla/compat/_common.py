@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+import lazyxla
+
 MIGRATION_DOC = "docs/migrating-from-torch_xla.md"
 
 
@@ -60,7 +62,5 @@ def platform_name() -> str:
 
         assert platform_name() in ("CPU", "CUDA", "TPU")
     """
-    import lazyxla
-
     p = lazyxla.platform()
     return {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())

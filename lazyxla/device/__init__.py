@@ -1,1 +1,2 @@
-"""The lazyxla device: registration with PyTorch, jax device mapping, transfers."""
+"""The devices behind lazyxla: jax devices and transfers (``devices``), the run's processes (``processes``),
+meshes and layouts (``meshes``), the encoding of values exchanged between processes (``wire``)."""

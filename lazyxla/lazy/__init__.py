@@ -1,1 +1,1 @@
-"""Lazy tensors, the IR, recording, sync and metrics."""
+"""Lazy tensors: recording ops, the live-tensor list, sync, RNG, checks at the call, compile regions."""

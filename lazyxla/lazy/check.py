@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.utils._pytree as pytree
 
-from lazyxla.lazy.ir import Aval
+from lazyxla.ir import Aval
 
 # NotImplementedError ('"<kernel>" not implemented for '<dtype>'', an accelerator-only op whose CPU kernel is
 # a stub), or a message that names the CPU ("nansum on CPU does not support complex inputs"). Either no

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import math
 import os
 import time
 
-from lazyxla import profiler
 from lazyxla.config import config
-from lazyxla.device import runtime
-from lazyxla.device.runtime import x64
-from lazyxla.lazy import diagnostics, metrics
-from lazyxla.lazy.ir import Leaf, leaf, raise_if_error
+from lazyxla.device import devices
+from lazyxla.device import processes as distributed  # the name _check_same_program used before the move
+from lazyxla.device.devices import x64
+from lazyxla.device.meshes import layouts
+from lazyxla.ir import Leaf, leaf, raise_if_error
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
+from lazyxla.lowering import cache
+from lazyxla.observe import diagnostics, metrics, profiler
+from lazyxla.util import atomic_write
 
 
 def _walk(roots):
@@ -63,8 +67,6 @@ def plan_values(values_: list[tuple]) -> tuple[list, list, list, tuple]:
 
 
 def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: SyncReport) -> None:
-    from lazyxla.lowering import cache
-
     with metrics.timer("trace"):
         roots, order, leaves, events = plan(tensors)
         donate = _donatable(leaves, tensors) if full and config.donate else ()
@@ -74,14 +76,14 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
             tuple(leaf.avals[0] for leaf in leaves),
             events,
             tuple(donate),  # a program donates buffers: one compiled for other donations would free held data
-            _layouts(leaves) if runtime.spmd_enabled() else None,
+            layouts(leaves) if devices.spmd_enabled() else None,
             config.compile_key(),
         )
     for region in diagnostics.active_regions():
         region.saw(key, order, leaves)
-    if runtime.spmd_enabled() and config.spmd_check_programs:
+    if devices.spmd_enabled() and config.spmd_check_programs:
         _check_same_program(roots, leaves, site)
-    missed = key not in cache._cache
+    missed = not cache.holds(key)
     if missed and config.explain_recompiles:
         diagnostics.explain_miss(site, order, leaves)
     started = time.perf_counter()
@@ -139,7 +141,7 @@ def _arguments(compiled, leaves) -> list:
     if compiled.replicas is not None:
         args = compiled.replicas.globalize(args)
     elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
-        args[len(layout.data) :] = [runtime.put_global(a, runtime.replicated()) for a in args[len(layout.data) :]]
+        args[len(layout.data) :] = [devices.put_global(a, devices.replicated()) for a in args[len(layout.data) :]]
     compiled.check_arguments(args, leaves)
     return args
 
@@ -178,12 +180,8 @@ def _failed_while_running(tensors, order, leaves, compiled, error: BaseException
 
 def _check_same_program(roots, leaves, site: str) -> None:
     """Multi-process SPMD: every process must run this program now (``config.spmd_check_programs``)."""
-    from lazyxla.device import distributed
-
     if distributed.process_count() == 1:
         return
-    import hashlib
-
     program = hashlib.blake2b(
         repr(([(m.hash, i) for m, i in roots], [n.avals[0] for n in leaves])).encode(), digest_size=8
     ).hexdigest()
@@ -217,9 +215,6 @@ def _graph_id(key) -> str:
 
 def _dump(key, order, leaves, roots, device) -> None:
     """``config.dump_dir``: write the program's StableHLO and lazy IR, named by its graph id."""
-    from lazyxla.collectives.training import atomic_write
-    from lazyxla.lowering import cache
-
     folder = os.path.expanduser(config.dump_dir)
     os.makedirs(folder, exist_ok=True)
     name = os.path.join(folder, _graph_id(key))
@@ -294,31 +289,6 @@ class SyncReport:
         lines = [str(p) for p in self.programs] or ["nothing to compute"]
         lines.append(f"{self.host_to_device} host-to-device transfers since the previous sync")
         return "\n".join(lines)
-
-
-def _layouts(leaves) -> tuple:
-    """SPMD: the layouts of the data leaves (a program is compiled for its inputs' layouts), canonical:
-    a step's outputs come back in layouts XLA chose (``GSPMDSharding``), equivalent to the ``NamedSharding``
-    the same tensors had as inputs, and must key the same program."""
-    return tuple(
-        _canonical_layout(n.payload.sharding, len(n.avals[0].shape))
-        if n.op is Leaf.DATA and n.payload is not None
-        else None
-        for n in leaves
-    )
-
-
-_layout_keys: dict = {}
-
-
-def _canonical_layout(sharding, ndim: int):
-    key = (sharding, ndim)
-    try:
-        return _layout_keys[key]
-    except KeyError:
-        devices = tuple(d.id for d in sharding._device_assignment)
-        canon = _layout_keys[key] = (str(sharding._to_xla_hlo_sharding(ndim)), devices)
-        return canon
 
 
 def _arg(n):

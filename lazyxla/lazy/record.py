@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 
 import torch
 import torch._decomp
 
 from lazyxla.config import config
-from lazyxla.device import runtime
-from lazyxla.lazy import check, diagnostics, graph, metrics, rng
-from lazyxla.lazy.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
-from lazyxla.lazy.metrics import _counters
-from lazyxla.lazy.tensor import LazyTensor, wrap
+from lazyxla.device import devices as runtime  # (the module's name before the move; record's code says runtime)
+from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, raise_if_error, slot
+from lazyxla.lazy import check, graph, rng
+from lazyxla.lazy.tensor import LazyTensor, set_dispatch, wrap
 from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
+from lazyxla.observe import diagnostics, metrics
+from lazyxla.observe.metrics import _counters
+from lazyxla.util import warn_once
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
@@ -831,9 +832,6 @@ def _foreach(func, args, kwargs):
     return results
 
 
-_warned: set = set()
-
-
 _NO_RULE = "has no lowering rule nor decomposition"
 
 
@@ -845,9 +843,9 @@ def _fallback(func, args, kwargs, why: str = _NO_RULE):
             "lazyxla.config.strict = False (or LAZYXLA_STRICT=0) to allow the CPU fallback, or avoid the op."
         )
     metrics.inc("fallback." + name)
-    if config.warn_fallback and name not in _warned:
-        _warned.add(name)
-        warnings.warn(
+    if config.warn_fallback:
+        warn_once(
+            "fallback:" + name,
             f"lazyxla: {name} {why}; it runs on the CPU (inputs synced, result copied back). "
             "This is slow; lazyxla.metrics.counters() counts it.",
             stacklevel=4,
@@ -969,3 +967,6 @@ def dispatch(func, args, kwargs):
         if out is not NotImplemented:
             return out
     return _fallback(func, args, kwargs, why)
+
+
+set_dispatch(dispatch)  # every op on a LazyTensor comes here (tensor.py cannot import this module)

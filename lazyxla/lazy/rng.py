@@ -7,8 +7,9 @@ every random op in every step draw fresh numbers.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from lazyxla.lazy.ir import Aval, Leaf, leaf
+from lazyxla.ir import Aval, Leaf, leaf
 
 _state = {"seed": 0, "counter": 0}
 _KEY_AVAL = None
@@ -30,8 +31,6 @@ def set_state(state: tuple[int, int]) -> None:
 def next_key_leaf(device: int):
     global _KEY_AVAL
     if _KEY_AVAL is None:
-        import torch
-
         _KEY_AVAL = Aval((2,), torch.uint32)
     seed, counter = _state["seed"], _state["counter"]
     _state["counter"] = counter + 1

@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-from lazyxla.lazy.ir import Aval, Leaf
+from lazyxla.ir import Aval, Leaf
 
 # Every LazyTensor made since the last scan, as weak references in creation order: sync() finds
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
@@ -67,11 +67,22 @@ def live_tensors() -> list[LazyTensor]:
 
 
 def _dispatch(func, args, kwargs):
-    global _dispatch
-    from lazyxla.lazy.record import dispatch
+    raise RuntimeError("lazyxla internal error: no op handler installed (lazyxla.lazy.record installs it)")
 
-    _dispatch = dispatch  # bound on first use (record imports this module)
-    return dispatch(func, args, kwargs)
+
+def set_dispatch(handler) -> None:
+    """Route every op on a LazyTensor (``__torch_dispatch__``) to ``handler(func, args, kwargs)``.
+
+    The recorder (``lazy/record.py``) installs its ``dispatch`` when it is imported: it imports this
+    module, so this module cannot import it (the layering rule: no cycles). ``_dispatch`` is a module
+    global read per op, so the handler costs one global lookup.
+
+    Example::
+
+        set_dispatch(record.dispatch)      # at the end of lazy/record.py
+    """
+    global _dispatch
+    _dispatch = handler
 
 
 def wrap(lt: LazyTensor) -> torch.Tensor:

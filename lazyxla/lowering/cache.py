@@ -31,24 +31,25 @@ import hmac
 import os
 import secrets
 import stat
-import warnings
 
 import jax
+import jaxlib
 import numpy as np
+from jax.experimental import serialize_executable
 
-from lazyxla.collectives.ops import COLLECTIVE_OPS
-from lazyxla.collectives.training import atomic_write, remove_stale_temps
 from lazyxla.config import config, foreign_env, user_cache_root
-from lazyxla.device import distributed, runtime
-from lazyxla.lazy import metrics
+from lazyxla.device import devices, processes
+from lazyxla.device.meshes import layouts
 from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
+from lazyxla.observe import metrics
+from lazyxla.ops import COLLECTIVE_OPS
+from lazyxla.util import atomic_write, remove_stale_temps, warn_once
 
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
 
 _broken: dict[str, str] = {}  # cache folder -> why the disk cache is off for it (warned once)
 _ready: dict[str, bytes] = {}  # cache folder checked and usable -> its key
-_warned: set[str] = set()
 
 
 class ProgramInputError(RuntimeError):
@@ -179,7 +180,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     out_avals = [m.avals[i] for m, i in roots]
     donated = _usable_donations(donate_candidates, in_avals, out_avals)
     layout = ArgLayout(leaves)
-    spmd = runtime.spmd_enabled()
+    spmd = devices.spmd_enabled()
     collective = any(n.op in COLLECTIVE_OPS for n in order)
     if spmd and collective:
         raise RuntimeError(
@@ -187,28 +188,26 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
             "spans every device and XLA partitions it from the shardings: annotate tensors with "
             "lazyxla.spmd.mark_sharding instead"
         )
-    reps = replica.replicas() if collective and distributed.world_size() > 1 else None
-    dev = None if spmd else runtime.jax_device(device)
+    reps = replica.replicas() if collective and processes.world_size() > 1 else None
+    dev = None if spmd else devices.jax_device(device)
     store = _folder()
     name = None
     executable = None
     if store is not None:
         with metrics.timer("disk_cache"):
-            if spmd:  # one program over every device, compiled for its inputs' layouts
-                devices = list(runtime.global_devices())
-                from lazyxla.lazy.graph import _layouts  # the in-memory key's canonical layouts
-
-                where = ("spmd", distributed.process_index(), tuple(str(d) for d in devices), _layouts(leaves))
+            if spmd:  # one program over every device, compiled for its inputs' layouts (canonical, as keyed)
+                targets = list(devices.global_devices())
+                where = ("spmd", processes.process_index(), tuple(str(d) for d in targets), layouts(leaves))
             elif reps is not None:
-                devices, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
+                targets, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
             else:
-                devices, where = [dev], device
+                targets, where = [dev], device
             name = _digest(order, leaves, roots, where, donated)
-            executable = _load(store, name, devices, len(layout.specs(leaves, None)), len(roots))
+            executable = _load(store, name, targets, len(layout.specs(leaves, None)), len(roots))
     if executable is not None:
         metrics.inc("persistent_cache_hits")
     else:
-        with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+        with devices.x64(), jax.default_matmul_precision(config.matmul_precision):
             with metrics.timer("lower"):
                 lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
             with metrics.timer("compile"):
@@ -255,7 +254,7 @@ def _replicated_like(shardings: list) -> jax.sharding.NamedSharding:
     for s in shardings:
         if isinstance(s, jax.sharding.NamedSharding) and not s.is_fully_replicated:
             return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
-    return runtime.replicated()
+    return devices.replicated()
 
 
 def lower(order, leaves, roots, device: int):
@@ -267,10 +266,20 @@ def lower(order, leaves, roots, device: int):
     """
     layout = ArgLayout(leaves)
     collective = any(n.op in COLLECTIVE_OPS for n in order)
-    reps = replica.replicas() if collective and distributed.world_size() > 1 else None
-    dev = None if runtime.spmd_enabled() else runtime.jax_device(device)
-    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+    reps = replica.replicas() if collective and processes.world_size() > 1 else None
+    dev = None if devices.spmd_enabled() else devices.jax_device(device)
+    with devices.x64(), jax.default_matmul_precision(config.matmul_precision):
         return _lower(order, leaves, roots, layout, (), dev, reps)
+
+
+def holds(key) -> bool:
+    """Whether the in-memory cache has the program for ``key`` (a sync that will build one explains why).
+
+    Example::
+
+        missed = not cache.holds(key)      # in lazy.graph, before cache.get
+    """
+    return key in _cache
 
 
 def clear() -> None:
@@ -310,8 +319,6 @@ def _fingerprint() -> tuple:
     """What, besides the graph, decides the compiled program: lazyxla's code, jax/XLA's build, the device."""
     global _environment
     if _environment is None:
-        import jaxlib
-
         code = hashlib.blake2b(digest_size=32)
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for root, dirs, files in os.walk(package):
@@ -320,7 +327,7 @@ def _fingerprint() -> tuple:
                 if name.endswith(".py"):
                     with open(os.path.join(root, name), "rb") as f:
                         code.update(name.encode() + b"\0" + f.read())
-        dev = runtime.local_devices()[0]
+        dev = devices.local_devices()[0]
         _environment = (
             code.hexdigest(),
             jax.__version__,
@@ -473,8 +480,6 @@ def _rejected(key: bytes, blob: bytes, name: str) -> tuple[str, str] | None:
 def _load(store: tuple[str, bytes], name: str, devices: list, n_args: int, n_outs: int):
     """The executable stored as ``name`` loaded onto ``devices`` (one, or the replica mesh's), or None:
     absent, or unusable (warned once per kind; the caller compiles and rewrites it)."""
-    from jax.experimental import serialize_executable
-
     folder, key = store
     path = os.path.join(folder, name + _SUFFIX)
     try:
@@ -517,8 +522,6 @@ def _load(store: tuple[str, bytes], name: str, devices: list, n_args: int, n_out
 def _save(store: tuple[str, bytes], name: str, executable) -> None:
     """Write the executable as ``name`` (atomic_write: fsync, rename), then keep the folder under the size
     cap; a failure warns once."""
-    from jax.experimental import serialize_executable
-
     folder, key = store
     path = os.path.join(folder, name + _SUFFIX)
     cap = config.persistent_cache_max_bytes
@@ -575,7 +578,6 @@ def _evict(folder: str, cap: int, keep: str) -> None:
         metrics.inc("persistent_cache_evictions")
 
 
+
 def _warn_once(kind: str, message: str) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    warn_once("cache:" + kind, message, RuntimeWarning, stacklevel=2)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lazyxla.device.runtime import np_dtype
+from lazyxla.device.devices import np_dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lazyxla.device import distributed, runtime
+from lazyxla.device import devices, processes
 
 AXIS = "replica"
 
@@ -22,11 +22,11 @@ class Replicas:
     """The mesh of a multi-replica program and how arrays cross between local and global."""
 
     def __init__(self) -> None:
-        self.devices = distributed.replica_devices()
+        self.devices = processes.replica_devices()
         self.world = len(self.devices)
         self.mesh = jax.sharding.Mesh(np.array(self.devices), (AXIS,))
         self.sharding = NamedSharding(self.mesh, P(AXIS))
-        self.local = self.devices[distributed.process_index()]
+        self.local = self.devices[processes.process_index()]
 
     def global_spec(self, spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
         shape = (self.world * spec.shape[0], *spec.shape[1:]) if spec.shape else (self.world,)
@@ -46,7 +46,7 @@ class Replicas:
     def globalize(self, args: list) -> list:
         """This process's arguments as its blocks of the program's global arguments."""
         out = []
-        with runtime.x64():
+        with devices.x64():
             for a in args:
                 if not isinstance(a, jax.Array):
                     a = jax.device_put(a, self.local)

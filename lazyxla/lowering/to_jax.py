@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import torch
 
-from lazyxla.device import runtime
-from lazyxla.device.runtime import np_dtype
-from lazyxla.lazy.ir import In, Leaf, Node
+from lazyxla.device import devices
+from lazyxla.device.devices import np_dtype
+from lazyxla.ir import In, Leaf, Node
 from lazyxla.lowering.registry import RULES, Ctx
 
 
@@ -112,7 +112,7 @@ def traces(n: Node) -> bool:
     if RULES[n.op].random:
         structs.append(jax.ShapeDtypeStruct((2,), np.uint32))
     try:
-        with runtime.x64():
+        with devices.x64():
             jax.eval_shape(lambda *ins: apply(n, list(ins)), *structs)
     except Exception:
         return False

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ import torch
 import lazyxla  # noqa: F401  (fills the rule table)
 from lazyxla.lazy.record import SPECIAL_OPS, status_of
 from lazyxla.lowering.registry import RULES
+from lazyxla.util import atomic_write
 
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "opinfo-results.json"
 DTYPE_ORDER = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool", "complex64")
@@ -88,12 +87,7 @@ def _splice(path: Path, generated: str) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, text.encode())
 
 
 def main(argv: list[str] | None = None) -> int:

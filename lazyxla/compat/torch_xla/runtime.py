@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
 from lazyxla.config import foreign_env
+from lazyxla.device.processes import _backend_started
 
 
 def device_type() -> str:
@@ -37,8 +40,6 @@ def set_device_type(pjrt_device: str) -> None:
 
         xr.set_device_type("CPU")
     """
-    from lazyxla.device.distributed import _backend_started
-
     platform = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}.get(pjrt_device.upper())
     if platform is None:
         unsupported(f"torch_xla.runtime.set_device_type({pjrt_device!r})", "JAX_PLATFORMS=<platform> for jax")
@@ -46,8 +47,6 @@ def set_device_type(pjrt_device: str) -> None:
         if platform_name() != {"cpu": "CPU", "cuda": "CUDA", "tpu": "TPU"}[platform]:
             raise RuntimeError("Can't change device type after XLA runtime is initialized")
         return
-    import jax
-
     jax.config.update("jax_platforms", platform)
 
 

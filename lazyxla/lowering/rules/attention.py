@@ -1,6 +1,6 @@
 """Rules for fused scaled dot-product attention.
 
-lazyxla's kernel for ``F.scaled_dot_product_attention`` (in ``_core.py``) calls PyTorch's "overrideable"
+lazyxla's kernel for ``F.scaled_dot_product_attention`` (in ``frontend/kernels.py``) calls PyTorch's "overrideable"
 fused attention op when there is no dropout and no grouped-query broadcast, so attention arrives here as
 one op (and its backward as one op) instead of PyTorch's ~20-op math decomposition. Half-precision
 inputs are computed in float32, as PyTorch's CPU kernel accumulates.
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from lazyxla.device.runtime import np_dtype
+from lazyxla.device.devices import np_dtype
 from lazyxla.lowering.registry import lowers
 from lazyxla.lowering.rules.common import acc, vjp
 

@@ -10,16 +10,14 @@ collective gathers every replica's value and picks its group's members with a st
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lazyxla.collectives import spmd
-from lazyxla.collectives.ops import ReduceOp, ops
+from lazyxla.device import meshes
 from lazyxla.lowering.registry import lowers
+from lazyxla.ops import ReduceOp, ops
 
 
 def _chunks(groups, size: int) -> list[list[int]]:
@@ -197,5 +195,5 @@ def _broadcast_coalesced(ctx, xs, root):
 @lowers(ops.shard.default)
 def _shard(ctx, x, mesh, spec):
     """A sharding annotation (lazyxla.spmd.mark_sharding on a pending value): a constraint for XLA."""
-    layout = spmd._meshes[mesh].sharding(spmd._tuplify(json.loads(spec)))
+    layout = meshes.named_sharding(mesh, spec)
     return jax.lax.with_sharding_constraint(x, layout)

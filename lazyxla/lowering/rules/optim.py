@@ -1,7 +1,7 @@
 """Lowering rules: fused optimizer steps (``torch.optim``'s ``fused=True``) and AMP loss scaling.
 
 A fused op updates a whole list of parameters in one node. PyTorch's in-place forms (``_fused_adamw_``, ...)
-reach lazyxla as these functional forms (see the fused kernels in ``lazyxla/_core.py``): one output list per
+reach lazyxla as these functional forms (see the fused kernels in ``lazyxla/frontend/kernels.py``): one output list per
 list the in-place op writes, in schema order. The math is that of PyTorch's fused CPU and CUDA kernels:
 half-precision tensors are computed in float32, hyperparameters arrive as float64 (``scalars=``) and the
 per-step scalars (bias corrections, step size) are computed in it; gradients are divided by ``grad_scale``

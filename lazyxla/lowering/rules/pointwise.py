@@ -18,7 +18,7 @@ import torch
 from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from lazyxla.device.runtime import np_dtype, torch_dtype
+from lazyxla.device.devices import np_dtype, torch_dtype
 from lazyxla.lowering.registry import lowers
 
 aten = torch.ops.aten

@@ -29,8 +29,11 @@ from typing import Any
 import torch
 
 import lazyxla
-from lazyxla.collectives.training import atomic_write, map_tensors
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
+from lazyxla.device import devices
+from lazyxla.lazy import rng
+from lazyxla.observe import metrics
+from lazyxla.util import atomic_write, map_tensors
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -227,8 +230,6 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
 
         loss.backward(); opt.step(); xm.mark_step()
     """
-    from lazyxla.lazy import metrics
-
     metrics.inc("mark_steps")  # torch_xla's MarkStep counter (torch_xla.debug.metrics)
     lazyxla.mark_step(wait=wait)
     _run_step_closures()
@@ -543,8 +544,6 @@ def set_rng_state(seed: int, device=None) -> None:
 
         xm.set_rng_state(1234)
     """
-    from lazyxla.lazy import rng
-
     seed = int(seed)
     rng.set_state((seed & 0xFFFFFFFFFFFFFFFF, seed >> 64 if seed > 0 else 0))
 
@@ -556,8 +555,6 @@ def get_rng_state(device=None) -> int:
 
         state = xm.get_rng_state(); ...; xm.set_rng_state(state)
     """
-    from lazyxla.lazy import rng
-
     seed, counter = rng.get_state()
     return (int(counter) << 64) | int(seed)
 
@@ -589,10 +586,8 @@ def get_memory_info(device=None) -> dict:
 
         info = xm.get_memory_info(); print(info["bytes_used"] / info["bytes_limit"])
     """
-    from lazyxla.device import runtime
-
     index = torch.device(device).index if device is not None else None
-    stats = runtime.jax_device(index).memory_stats()
+    stats = devices.jax_device(index).memory_stats()
     if not stats:
         unsupported(
             f"torch_xla.core.xla_model.get_memory_info on the {platform_name()} backend (it reports no memory "

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute
-from lazyxla.lazy import metrics as _metrics
+from lazyxla.observe import metrics as _metrics
 
 __all__ = [
     "clear_all",

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import jax
 
+import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.compat.torch_xla.core import xla_model as xm
 
 _state: dict = {"trace": None}
 
@@ -72,8 +74,6 @@ class StepTrace:
         return self
 
     def __exit__(self, *exc):
-        from lazyxla.compat.torch_xla.core import xla_model as xm
-
         try:
             if exc[0] is None:
                 xm.mark_step()
@@ -88,8 +88,6 @@ def start_trace(log_dir: str) -> None:
 
         xp.start_trace("/tmp/trace")
     """
-    import lazyxla
-
     if _state["trace"] is not None:
         raise RuntimeError("xp.start_trace: a trace is already running; call xp.stop_trace() first")
     ctx = lazyxla.profiler.trace(log_dir)

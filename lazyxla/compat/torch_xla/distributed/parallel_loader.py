@@ -20,9 +20,9 @@ from collections.abc import Iterable
 import torch
 
 import lazyxla
-from lazyxla.collectives.training import map_tensors
 from lazyxla.compat._common import missing_attribute, unsupported
 from lazyxla.compat.torch_xla.core import xla_model as xm
+from lazyxla.util import map_tensors
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
 

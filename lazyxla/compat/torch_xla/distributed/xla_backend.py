@@ -21,9 +21,9 @@ import urllib.parse
 import torch.distributed as dist
 
 import lazyxla
-from lazyxla.collectives import process_group as _process_group
 from lazyxla.compat._common import missing_attribute
 from lazyxla.config import foreign_env
+from lazyxla.parallel import process_group as _process_group
 
 # the module (torch.distributed.rendezvous is also the name of a function there)
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")

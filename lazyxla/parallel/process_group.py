@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 
-from lazyxla.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
-from lazyxla.device import distributed, wire
+from lazyxla.device import processes, wire
+from lazyxla.lazy.graph import sync
+from lazyxla.parallel.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 
 _OPS = {
     dist.ReduceOp.SUM: ReduceOp.SUM,
@@ -64,10 +65,10 @@ class LazyxlaProcessGroup(ProcessGroup):
     def __init__(self, rank: int, size: int) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        if size != distributed.world_size() or rank != distributed.global_ordinal():
+        if size != processes.world_size() or rank != processes.global_ordinal():
             raise RuntimeError(
                 f"init_process_group('lazyxla') was given rank {rank} of {size}, but this process is replica "
-                f"{distributed.global_ordinal()} of {distributed.world_size()}: launch with lazyxla.spawn or "
+                f"{processes.global_ordinal()} of {processes.world_size()}: launch with lazyxla.spawn or "
                 "torchrun, whose variables both agree"
             )
         self._host_calls = 0
@@ -84,7 +85,7 @@ class LazyxlaProcessGroup(ProcessGroup):
         """Every rank's ``value`` (CPU tensors), in rank order, in lazyxla's wire encoding (never pickled)."""
         self._host_calls += 1
         tag = f"pg/{self._host_calls}"
-        received = distributed.rendezvous(tag, wire.encode(value, "a CPU tensor of a torch.distributed collective"))
+        received = processes.rendezvous(tag, wire.encode(value, "a CPU tensor of a torch.distributed collective"))
         return [wire.decode(b, f"rank {i} in the lazyxla process group's {tag}") for i, b in enumerate(received)]
 
     # -- collectives ---------------------------------------------------------------------------------
@@ -171,10 +172,8 @@ class LazyxlaProcessGroup(ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
-        from lazyxla.lazy.graph import sync
-
         sync()
-        distributed.rendezvous("pg/barrier")
+        processes.rendezvous("pg/barrier")
         return _done([])
 
 

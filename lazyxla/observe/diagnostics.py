@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from lazyxla.ir import In
+
 log = logging.getLogger("lazyxla")
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -102,7 +104,6 @@ def signature(order, leaves) -> list[OpSig]:
 
 def _constants(template) -> tuple:
     """The op's arguments with tensors as ``T``: ``(args, kwargs)``."""
-    from lazyxla.lazy.ir import In
 
     def walk(x):
         if type(x) is tuple:

@@ -1,88 +1,27 @@
-"""Data-parallel training helpers: gradient averaging across replicas, and checkpoints.
+"""Small helpers every layer uses: atomic file writes, nested-tensor mapping, warn-once.
 
-``optimizer_step`` averages every gradient over the replicas (a few coalesced all-reduces, bucketed
-by size, inside the step's program) and then steps the optimizer. ``save``/``load`` write and read
-nested state (dicts, lists, tuples of tensors and plain values) with device tensors moved to the CPU,
-atomically: a crash mid-save leaves the previous file as it was, and the next save of that file removes
-the temporary file the killed writer left.
+The bottom of the package (with ``config``, ``ir`` and ``ops``): it imports nothing from lazyxla.
+
+Example::
+
+    from lazyxla.util import atomic_write, map_tensors, warn_once
+    atomic_write("run/state.bin", payload)
+    on_cpu = map_tensors(state, lambda t: t.cpu())
+    warn_once("my-key", "lazyxla: said once per process")
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import secrets
 import socket
+import sys
 import time
+import warnings
 from typing import Any
 
 import torch
-
-from lazyxla.collectives import ReduceOp, all_reduce
-from lazyxla.device import distributed
-
-BUCKET_BYTES = 32 * 1024 * 1024  # gradients all-reduced together, per coalesced op
-
-
-def _buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    by_dtype: dict[torch.dtype, list[list[torch.Tensor]]] = {}
-    for t in tensors:
-        groups = by_dtype.setdefault(t.dtype, [[]])
-        size = sum(x.numel() * x.element_size() for x in groups[-1])
-        if groups[-1] and size + t.numel() * t.element_size() > limit:
-            groups.append([])
-        groups[-1].append(t)
-    return [b for groups in by_dtype.values() for b in groups if b]
-
-
-def reduce_gradients(optimizer: torch.optim.Optimizer, groups=None, bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Average the gradients of ``optimizer``'s parameters over the replicas, in place.
-
-    One coalesced all-reduce per bucket of up to ``bucket_bytes`` (per dtype); nothing in a
-    single-replica run.
-
-    Example::
-
-        loss.backward()
-        lazyxla.reduce_gradients(opt)
-        opt.step()
-    """
-    world = distributed.world_size()
-    if world == 1:
-        return
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    count = len(groups[0]) if groups else world
-    for bucket in _buckets(grads, bucket_bytes):
-        all_reduce(ReduceOp.SUM, bucket, scale=1.0 / count, groups=groups)
-
-
-def optimizer_step(
-    optimizer: torch.optim.Optimizer,
-    barrier: bool = False,
-    optimizer_args: dict | None = None,
-    groups=None,
-) -> Any:
-    """Average gradients across replicas, then ``optimizer.step(**optimizer_args)``; returns its result.
-
-    ``barrier=True`` also syncs (ends the step), for loops that do not use ``DeviceLoader``.
-
-    Example::
-
-        loss.backward()
-        lazyxla.optimizer_step(opt)
-        opt.zero_grad()
-    """
-    reduce_gradients(optimizer, groups=groups)
-    result = optimizer.step(**(optimizer_args or {}))
-    if barrier:
-        from lazyxla.lazy.graph import sync
-
-        sync()
-    return result
-
-
-# --- checkpoints ------------------------------------------------------------------------------------
 
 
 def map_tensors(obj: Any, fn) -> Any:
@@ -106,10 +45,6 @@ def map_tensors(obj: Any, fn) -> Any:
             return type(obj)(*items)
         return type(obj)(items) if type(obj) in (list, tuple) else items
     return obj
-
-
-def _to_cpu(obj: Any) -> Any:
-    return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
 
 
 # Temporary files of atomic_write: ".<target>.tmp.<pid>.<8 hex>.<host>", so that one left by a killed writer
@@ -222,37 +157,34 @@ def atomic_write(path: str | os.PathLike, data: bytes, replace: bool = True) -> 
         os.close(dir_fd)
 
 
-def save(obj: Any, path: str | os.PathLike, master_only: bool = True) -> None:
-    """Save ``obj`` (e.g. a state dict with lazyxla tensors) to ``path`` with ``torch.save``, atomically.
-
-    Device tensors are moved to the CPU first (one sync). With ``master_only`` (default) only the
-    master replica writes; in a multi-replica run every replica waits until the file is written.
-
-    Example::
-
-        lazyxla.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "ckpt.pt")
-    """
-    from lazyxla.lazy.graph import sync
-
-    sync()
-    cpu = _to_cpu(obj)
-    if not master_only or distributed.is_master():
-        buffer = io.BytesIO()
-        torch.save(cpu, buffer)
-        atomic_write(path, buffer.getvalue())
-    if distributed.world_size() > 1:
-        distributed.rendezvous("lazyxla.save")
+_warned: set[str] = set()  # keys already warned about in this process
 
 
-def load(path: str | os.PathLike, device: torch.device | str | None = None, **torch_load_args: Any) -> Any:
-    """Load what :func:`save` wrote; tensors go to ``device`` if given (else stay on the CPU).
+def warn_once(key: str, message: str, category: type[Warning] = UserWarning, stacklevel: int = 1) -> None:
+    """``warnings.warn(message, category)`` the first time ``key`` is seen in this process, else nothing.
 
-    ``torch_load_args`` pass on to ``torch.load`` (``weights_only`` is PyTorch's default there).
+    ``stacklevel`` counts from the caller, as for ``warnings.warn`` called there (1: the caller's line).
+    Keys are namespaced by their user (``"cache:read"``, ``"fallback:aten.foo"``).
 
     Example::
 
-        state = lazyxla.load("ckpt.pt", device=lazyxla.device())
-        model.load_state_dict(state["model"])
+        warn_once("cache:write", "lazyxla: could not write to the cache", RuntimeWarning)
     """
-    obj = torch.load(path, map_location="cpu", **torch_load_args)
-    return obj if device is None else map_tensors(obj, lambda t: t.to(torch.device(device)))
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+def moved_module(old: str, module, use: str) -> None:
+    """Make the deprecated module ``old`` (running its own code now) the moved ``module`` itself, and warn once.
+
+    Called by the alias modules kept for one release at a moved module's old name: ``import old`` then gives
+    the moved module, every name (private ones too) included, and one ``DeprecationWarning`` naming ``use``
+    at the importing line.
+
+    Example::
+
+        moved_module(__name__, autocast, "lazyxla.frontend.autocast")    # in lazyxla/autocast/__init__.py
+    """
+    warn_once("moved:" + old, f"{old} is deprecated: use {use}", DeprecationWarning, stacklevel=3)
+    sys.modules[old] = module

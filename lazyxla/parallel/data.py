@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-from lazyxla.collectives.training import map_tensors
+from lazyxla.lazy.graph import sync
+from lazyxla.parallel import spmd
+from lazyxla.util import map_tensors
 
 _END = object()
 
@@ -87,8 +89,6 @@ class DeviceLoader:
         self.prefetch = prefetch
         self.sync_each_step = sync_each_step
         if input_sharding is not None:
-            from lazyxla.collectives import spmd
-
             spmd._require_spmd("DeviceLoader(input_sharding=...)")
             mesh, spec = input_sharding
             self.move = lambda t: spmd.from_local(t, mesh, spec)
@@ -122,8 +122,6 @@ class _DeviceIterator(Iterator):
         if self._done:
             raise StopIteration
         if self._started and self._owner.sync_each_step:
-            from lazyxla.lazy.graph import sync
-
             sync()
         self._started = True
         kind, value = self._queue.get()
@@ -133,8 +131,6 @@ class _DeviceIterator(Iterator):
         if kind == "error":
             raise value
         if self._owner.sync_each_step:
-            from lazyxla.lazy.graph import sync
-
             sync()
         raise StopIteration
 

@@ -16,8 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch._tensor_str as ts
+import torch.autograd.graph
+from torch._subclasses.fake_tensor import is_fake
 
-from lazyxla.device import runtime
+from lazyxla.device import devices
 
 SUPPORTED_TORCH = ((2, 13), (2, 14))  # inclusive range of major.minor
 NAME = "lazyxla"
@@ -66,7 +69,7 @@ class _BackendModule:
         return False
 
     def device_count(self) -> int:
-        return len(runtime.local_devices())
+        return len(devices.local_devices())
 
     def current_device(self) -> int:
         return 0
@@ -206,8 +209,6 @@ def _raising_parked_errors(run_backward: Callable) -> Callable:
 
 
 def _install_backward_error_relay() -> None:
-    import torch.autograd.graph
-
     run = _raising_parked_errors(torch.autograd.graph._engine_run_backward)
     torch.autograd.graph._engine_run_backward = run
     torch.autograd._engine_run_backward = run
@@ -317,7 +318,8 @@ def register(
     if _done:
         return
     check_torch_version()
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    # A torch without this private API gets the version message above, not an ImportError at `import lazyxla`.
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend  # after the version check
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", NAME):
         raise RuntimeError(
@@ -348,13 +350,9 @@ def register(
 
 def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Print lazyxla tensors from one host copy, as PyTorch does for XLA tensors (no per-element syncs)."""
-    import torch._tensor_str as ts
-
     original = ts._str
     if getattr(original, "_lazyxla", False):
         return
-
-    from torch._subclasses.fake_tensor import is_fake
 
     def _str(self, *, tensor_contents=None):
         if self.device.type != NAME or is_fake(self):  # fake tensors (torch.compile's tracing) have no values

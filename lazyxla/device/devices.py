@@ -1,4 +1,5 @@
-"""Runtime facts and host<->device transfer, on top of jax's default backend."""
+"""The jax devices behind lazyxla and host<->device transfer, on top of jax's default backend: which devices,
+the platform, 64-bit mode, SPMD mode's global layout, dtype mapping."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import functools
 import jax
 import numpy as np
 import torch
+from jax.experimental import multihost_utils
 
-from lazyxla.device import distributed
+from lazyxla.device import processes
 
 # All jax work of lazyxla runs with 64-bit types on, so that int64/float64 keep their width; the
 # user's own global jax config is left as it is.
@@ -29,7 +31,7 @@ def spmd_enabled() -> bool:
 @functools.cache
 def global_devices() -> tuple[jax.Device, ...]:
     """Every device of the run, by process then id."""
-    distributed.ensure_initialized()
+    processes.ensure_initialized()
     return tuple(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
 
 
@@ -60,7 +62,7 @@ def relayout(a: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
 
 @functools.cache
 def local_devices() -> tuple[jax.Device, ...]:
-    distributed.ensure_initialized()  # a multi-process run is joined before jax starts its backend
+    processes.ensure_initialized()  # a multi-process run is joined before jax starts its backend
     return tuple(jax.local_devices())
 
 
@@ -140,8 +142,6 @@ def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
 def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a jax array to a new CPU tensor (blocks until the array is ready)."""
     if not a.is_fully_addressable:  # a global array of a multi-process SPMD run: every process gets all of it
-        from jax.experimental import multihost_utils
-
         with x64():  # the gather is a jax program: 64-bit values must keep their width through it
             host = np.asarray(multihost_utils.process_allgather(a, tiled=True))
     else:

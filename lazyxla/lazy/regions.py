@@ -17,8 +17,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from lazyxla.lazy import diagnostics
-from lazyxla.lazy.diagnostics import CompileRegionError
+from lazyxla.lazy.graph import sync
+from lazyxla.observe import diagnostics
+from lazyxla.observe.diagnostics import CompileRegionError
 
 
 class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
@@ -64,8 +65,6 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
             return self.fn(*args, **kwargs)
 
     def __enter__(self) -> compile:
-        from lazyxla.lazy.graph import sync
-
         sync()
         name = self.name or diagnostics.user_frame(2)
         region = diagnostics.Region(name, self.full_graph, self.max_graphs)
@@ -74,8 +73,6 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        from lazyxla.lazy.graph import sync
-
         region = self._active.pop()
         try:
             if kind is None:

@@ -5,7 +5,7 @@ global ``jax.Array``s, replicated unless annotated, and each sync compiles one p
 partitions over all devices from the shardings of its inputs and the constraints recorded in the
 graph (GSPMD / Shardy propagation; no hand-written collectives). ``mark_sharding`` on a computed
 tensor re-lays its buffer out now; on a pending one it records a sharding constraint
-(``torch.ops.lazyxla.shard``, lowered to ``jax.lax.with_sharding_constraint``).
+(``ops.shard``, lowered to ``jax.lax.with_sharding_constraint``).
 
 A partition spec has one entry per tensor dimension: a mesh axis name, ``None`` (not split), or a
 tuple of axis names (split over their product). Dimensions must divide evenly (no padding).
@@ -13,7 +13,6 @@ tuple of axis names (split over their product). Dimensions must divide evenly (n
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -23,71 +22,15 @@ import jax
 import numpy as np
 import torch
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from lazyxla.device import runtime
-from lazyxla.lazy.diagnostics import user_frame
-
-_lib = torch.library.Library("lazyxla", "FRAGMENT")
-_lib.define("shard(Tensor x, str mesh, str spec) -> Tensor")
-_lib.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
+from lazyxla.device import devices, meshes
+from lazyxla.device.meshes import Mesh, ShardingError
+from lazyxla.ir import Aval, Leaf, leaf
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.observe.diagnostics import user_frame
+from lazyxla.ops import ops
 
 _state: dict[str, Any] = {"enabled": False, "global_mesh": None}
-_meshes: dict[str, Mesh] = {}  # Mesh.key -> Mesh, for the lowering of recorded constraints
-
-
-class ShardingError(ValueError):
-    """A sharding annotation that does not fit the tensor or the mesh."""
-
-
-class Mesh:
-    """A logical mesh of devices: ``device_ids`` (global device indices) laid out as ``mesh_shape``, with
-    one name per mesh axis.
-
-    Example::
-
-        n = lazyxla.spmd.device_count()
-        mesh = lazyxla.spmd.Mesh(range(n), (2, n // 2), ("data", "model"))
-    """
-
-    def __init__(self, device_ids: Sequence[int], mesh_shape: Sequence[int], axis_names: Sequence[str]) -> None:
-        ids = [int(i) for i in np.asarray(list(device_ids)).reshape(-1)]
-        shape = tuple(int(s) for s in mesh_shape)
-        names = tuple(str(a) for a in axis_names)
-        devices = _global_devices()
-        if len(shape) != len(names):
-            raise ShardingError(f"Mesh: {len(shape)} mesh dimensions {shape} but {len(names)} axis names {names}")
-        if len(set(names)) != len(names):
-            raise ShardingError(f"Mesh: axis names must be distinct, got {names}")
-        if math.prod(shape) != len(ids):
-            raise ShardingError(f"Mesh: shape {shape} holds {math.prod(shape)} devices, but {len(ids)} ids were given")
-        if sorted(ids) != list(range(len(devices))):
-            raise ShardingError(
-                f"Mesh: device_ids must be each of the run's {len(devices)} devices (0..{len(devices) - 1}) once; "
-                f"got {ids}"
-            )
-        self.device_ids, self.mesh_shape, self.axis_names = ids, shape, names
-        self.jax_mesh = jax.sharding.Mesh(np.array([devices[i] for i in ids]).reshape(shape), names)
-        self.key = json.dumps({"ids": ids, "shape": shape, "names": names})
-        _meshes[self.key] = self
-
-    @property
-    def size(self) -> int:
-        return len(self.device_ids)
-
-    def axis_size(self, name: str) -> int:
-        return self.mesh_shape[self.axis_names.index(name)]
-
-    def sharding(self, spec: Sequence) -> NamedSharding:
-        """The jax ``NamedSharding`` of ``spec`` on this mesh."""
-        return NamedSharding(self.jax_mesh, P(*spec))
-
-    def __repr__(self) -> str:
-        return f"Mesh(shape={self.mesh_shape}, axis_names={self.axis_names})"
-
-
-def _global_devices() -> list:
-    return list(runtime.global_devices())
 
 
 def device_count() -> int:
@@ -97,7 +40,7 @@ def device_count() -> int:
 
         mesh = lazyxla.spmd.mesh((lazyxla.spmd.device_count(),), ("fsdp",))
     """
-    return len(_global_devices())
+    return len(devices.global_devices())
 
 
 def mesh(mesh_shape: Sequence[int], axis_names: Sequence[str]) -> Mesh:
@@ -130,17 +73,17 @@ def hybrid_mesh(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int], ax
     ici, dcn = tuple(ici_mesh_shape), tuple(dcn_mesh_shape)
     if len(ici) != len(dcn) or len(ici) != len(axis_names):
         raise ShardingError("hybrid_mesh: ici_mesh_shape, dcn_mesh_shape and axis_names need the same length")
-    devices = _global_devices()
+    run_devices = devices.global_devices()
     hosts = math.prod(dcn)
     local = math.prod(ici)
-    if hosts * local != len(devices) or hosts != jax.process_count():
+    if hosts * local != len(run_devices) or hosts != jax.process_count():
         raise ShardingError(
             f"hybrid_mesh: {hosts} hosts x {local} devices does not match the run "
-            f"({jax.process_count()} processes, {len(devices)} devices)"
+            f"({jax.process_count()} processes, {len(run_devices)} devices)"
         )
     # ids[h_0, .., h_k, l_0, .., l_k] = h * local + l, then interleave host and local dims per axis
     k = len(ici)
-    ids = np.arange(len(devices)).reshape(dcn + ici)
+    ids = np.arange(len(run_devices)).reshape(dcn + ici)
     ids = ids.transpose([a for i in range(k) for a in (i, k + i)]).reshape([d * c for d, c in zip(dcn, ici)])
     return Mesh(ids.reshape(-1), ids.shape, axis_names)
 
@@ -158,8 +101,6 @@ def enable() -> None:
         model = GPT().to(lazyxla.device())       # replicated on every device
         lazyxla.spmd.fsdp(model, lazyxla.spmd.mesh((-1,), ("fsdp",)))
     """
-    from lazyxla.lazy.tensor import live_tensors
-
     if _state["enabled"]:
         return
     if live_tensors():
@@ -168,7 +109,7 @@ def enable() -> None:
             "the script"
         )
     _state["enabled"] = True
-    runtime.set_spmd(True)
+    devices.set_spmd(True)
 
 
 def is_enabled() -> bool:
@@ -188,7 +129,7 @@ def replicated() -> NamedSharding:
 
         x_layout = lazyxla.spmd.replicated()
     """
-    return runtime.replicated()
+    return devices.replicated()
 
 
 def set_global_mesh(m: Mesh) -> None:
@@ -244,8 +185,6 @@ def _check_spec(shape: tuple[int, ...], m: Mesh, spec: Sequence) -> tuple:
 
 
 def _inner(t: torch.Tensor):
-    from lazyxla.lazy.tensor import unwrap
-
     if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
         raise TypeError(f"expected a lazyxla tensor, got {t.device if isinstance(t, torch.Tensor) else type(t)}")
     return unwrap(t)
@@ -267,20 +206,16 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
         lazyxla.spmd.mark_sharding(linear.weight, mesh, ("model", None))   # column-parallel
         lazyxla.spmd.mark_sharding(x, mesh, ("data", None))                # batch-sharded activations
     """
-    from lazyxla.lazy.ir import Leaf, leaf
-
     _require_spmd("mark_sharding")
     lt = _inner(t)
     spec = _check_spec(tuple(t.shape), mesh, partition_spec)
     node, i = lt._value
     if node.op is Leaf.DATA:
-        out = leaf(Leaf.DATA, runtime.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
+        out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
         lt._value = (out, 0)
     else:
-        from lazyxla.lazy.tensor import LazyTensor
-
-        out = torch.ops.lazyxla.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
+        out = ops.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
         lt._value = out._value
     return t
 
@@ -292,16 +227,14 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
 
         lazyxla.spmd.clear_sharding(x)
     """
-    from lazyxla.lazy.ir import Leaf, leaf
-
     _require_spmd("clear_sharding")
     lt = _inner(t)
     node, i = lt._value
     if node.op is Leaf.DATA:
-        out = leaf(Leaf.DATA, runtime.relayout(node.payload, runtime.replicated()), node.avals[0], node.device)
+        out = leaf(Leaf.DATA, devices.relayout(node.payload, devices.replicated()), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.clear_sharding at {user_frame()}"
         lt._value = (out, 0)
-    elif node.op is torch.ops.lazyxla.shard.default:
+    elif node.op is ops.shard.default:
         lt._value = node.inputs[0]
     return t
 
@@ -316,32 +249,13 @@ def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
 
         mesh, spec = lazyxla.spmd.get_sharding(model.weight)
     """
-    from lazyxla.lazy.ir import Leaf
-
     lt = _inner(t)
     node, _ = lt._value
-    if node.op is torch.ops.lazyxla.shard.default:
-        return _meshes[node.template[0][1]], tuple(_tuplify(json.loads(node.template[0][2])))
+    if node.op is ops.shard.default:
+        return meshes.lookup(node.template[0][1]), meshes.decode_spec(node.template[0][2])
     if node.op is Leaf.DATA and node.payload is not None:
-        return _as_spec(node.payload.sharding, len(t.shape))
+        return meshes.spec_of_layout(node.payload.sharding, len(t.shape))
     return None
-
-
-def _as_spec(sharding, ndim: int) -> tuple[Mesh | None, tuple] | None:
-    """A buffer's layout as (a mesh lazyxla knows, partition spec); None when replicated."""
-    if sharding.is_fully_replicated:
-        return None
-    if isinstance(sharding, NamedSharding):
-        for m in _meshes.values():
-            if m.jax_mesh == sharding.mesh:
-                return m, tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
-    # a layout XLA chose (GSPMDSharding): find the spec it is equivalent to on a known mesh
-    for m in _meshes.values():
-        for spec in itertools.product((None, *m.axis_names), repeat=ndim):
-            named = [a for a in spec if a is not None]
-            if len(set(named)) == len(named) and sharding.is_equivalent_to(m.sharding(spec), ndim):
-                return m, spec
-    return None, (str(sharding),)
 
 
 def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
@@ -355,24 +269,17 @@ def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.T
 
         x = lazyxla.spmd.from_local(local_batch, mesh, ("data",))
     """
-    from lazyxla.lazy.ir import Aval, Leaf, leaf
-    from lazyxla.lazy.tensor import LazyTensor, wrap
-
     _require_spmd("from_local")
     spec = tuple(partition_spec) + (None,) * (t.dim() - len(partition_spec))
-    local = runtime.host_array(t)
+    local = devices.host_array(t)
     sharding = mesh.sharding(spec)
-    with runtime.x64():
+    with devices.x64():
         arr = jax.make_array_from_process_local_data(sharding, local)
     _check_spec(tuple(arr.shape), mesh, spec)
     aval = Aval(tuple(arr.shape), t.dtype)
     n = leaf(Leaf.DATA, arr, aval, 0)
     n.source = f"made by lazyxla.spmd.from_local at {user_frame()}"
     return wrap(LazyTensor((n, 0), aval))
-
-
-def _tuplify(spec: list) -> list:
-    return [tuple(e) if isinstance(e, list) else e for e in spec]
 
 
 def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Module:

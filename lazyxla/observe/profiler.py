@@ -1,4 +1,4 @@
-"""``lazyxla.profiler``: profile training steps with JAX's profiler, with lazyxla's phases named.
+"""Profile training steps with JAX's profiler, with lazyxla's phases named.
 
 Inside :func:`trace`, every step shows as a ``lazyxla.step`` span (one per full sync: TensorBoard's
 step view counts them), and inside it the phases of lazyxla's work:
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 import jax
 
-from lazyxla.lazy import metrics
+from lazyxla.observe import metrics
 
 _state = {"active": False, "record": None, "step": 0}
 

@@ -231,7 +231,7 @@ def unlisted() -> tuple[str, ...]:
 
     Example::
 
-        >>> lazyxla.autocast.unlisted()
+        >>> autocast.unlisted()
         ()
     """
     return tuple(sorted(_cuda_autocast_ops() - _listed()))
@@ -381,7 +381,7 @@ def policy(op: str) -> str | None:
 
     Example::
 
-        >>> lazyxla.autocast.policy("matmul"), lazyxla.autocast.policy("softmax.int"), lazyxla.autocast.policy("relu")
+        >>> autocast.policy("matmul"), autocast.policy("softmax.int"), autocast.policy("relu")
         ('lower_precision_fp', 'fp32_set_opt_dtype', None)
     """
     name = op.removeprefix("aten::").removesuffix(".default")
@@ -404,7 +404,7 @@ def install() -> None:
 
     Example::
 
-        >>> lazyxla.autocast.install()
+        >>> autocast.install()
         >>> x = torch.randn(4, 4, device="lazyxla")
         >>> with torch.autocast("lazyxla", dtype=torch.bfloat16):
         ...     (x @ x).dtype

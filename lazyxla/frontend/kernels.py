@@ -8,12 +8,12 @@ import warnings
 
 import torch
 
-from lazyxla import autocast
 from lazyxla.config import config
-from lazyxla.device import registration, runtime
+from lazyxla.device import devices
+from lazyxla.frontend import autocast, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
-from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _to_cpu, record
+from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _copy, _to_cpu, dispatch, record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def _unwrap_all(x):
 def _empty(size, dtype=None, device=None):
     dtype = dtype or torch.get_default_dtype()
     index = 0 if device is None else (torch.device(device).index or 0)
-    runtime.jax_device(index)  # raises a clear error for a device that does not exist
+    devices.jax_device(index)  # raises a clear error for a device that does not exist
     kw = {"dtype": dtype, "device": torch.device("lazyxla", index)}
     lt = record(aten.empty.memory_format, (list(size),), kw)
     return lt if _below_functionalization() else wrap(lt)
@@ -53,8 +53,6 @@ def _empty(size, dtype=None, device=None):
 def _backend_kernel(op, *args, **kwargs):
     """Every op that reaches the lazyxla backend key: factories (no lazyxla tensor argument) and
     ``out=`` ops below functionalization."""
-    from lazyxla.lazy.record import dispatch
-
     args, kwargs = _unwrap_all(args), {k: _unwrap_all(v) for k, v in kwargs.items()}
     result = dispatch(op, args, kwargs)
     return result if _below_functionalization() else _rewrap(result)
@@ -71,8 +69,6 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 def _copy_from(src, dst, non_blocking=False):
     if dst.device.type == "lazyxla":
         inner = unwrap(dst)
-        from lazyxla.lazy.record import _copy
-
         new = _copy(inner, src if src.device.type != "lazyxla" else unwrap(src))
         inner._value = new._value
         return dst

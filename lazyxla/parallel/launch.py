@@ -29,7 +29,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lazyxla.device.distributed import DistributedError
+from lazyxla.config import config
+from lazyxla.device import processes
+from lazyxla.device.processes import DistributedError
+from lazyxla.lazy.graph import sync
 
 _GRACE_S = 5.0  # between SIGTERM and SIGKILL when stopping the other ranks
 # After a communication error (caused by another rank), how long to wait for the other ranks to report
@@ -126,23 +129,21 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
         TORCHELASTIC_USE_AGENT_STORE="True",
     )
     try:
-        import lazyxla
-
         for name, value in (("coordinator_address", address), ("num_processes", nprocs)):
-            setattr(lazyxla.config, name, value)
-        lazyxla.config.process_id = rank
-        lazyxla.config.local_rank = rank
+            setattr(config, name, value)
+        config.process_id = rank
+        config.local_rank = rank
         if cpu_devices:
-            lazyxla.config.cpu_devices = cpu_devices
-        lazyxla.runtime.initialize()
+            config.cpu_devices = cpu_devices
+        processes.initialize()
         result = fn(rank, *args)
         try:
             conn.send(("ok", result))
         except Exception as e:  # an unpicklable result
             conn.send(("ok", f"<result not sent back: {type(e).__name__}: {e}>"))
         if nprocs > 1:
-            lazyxla.sync(wait=True)
-            lazyxla.runtime.rendezvous("lazyxla.spawn: exit")  # nobody leaves while another still needs it
+            sync(wait=True)
+            processes.rendezvous("lazyxla.spawn: exit")  # nobody leaves while another still needs it
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}", _caused_by_peer(e)))
         conn.close()

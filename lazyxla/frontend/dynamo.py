@@ -68,24 +68,25 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch._decomp
+from torch._subclasses import meta_utils
 
-from lazyxla.collectives.ops import COLLECTIVE_OPS
 from lazyxla.config import config
-from lazyxla.lazy import diagnostics, metrics, rng
+from lazyxla.ir import IN, Leaf, canonical, leaf, node, op_hash
+from lazyxla.lazy import rng
 from lazyxla.lazy.graph import plan_values
-from lazyxla.lazy.ir import IN, Leaf, canonical, leaf, node, op_hash
-from lazyxla.lazy.record import _from_cpu, status_of
+from lazyxla.lazy.record import SPECIAL_OPS, _from_cpu, status_of
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
 from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES, lowers
+from lazyxla.observe import diagnostics, metrics
+from lazyxla.ops import COLLECTIVE_OPS, ops
+from lazyxla.util import warn_once
 
 BACKEND = "lazyxla"
 
 # ---- the op a compiled graph call records --------------------------------------------------------------
 
-_lib = torch.library.Library("lazyxla", "FRAGMENT")
-_lib.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
-OP = torch.ops.lazyxla.compiled_graph.default
+OP = ops.compiled_graph.default  # declared in lazyxla/ops.py
 
 _TRACES: dict[str, _Trace] = {}  # digest -> trace, for the lowering rule
 
@@ -112,8 +113,6 @@ def _install_fakification() -> None:
     type but ``xla`` and ``lazy``, mirroring its autograd metadata; for a parameter (a leaf that
     requires grad) the mirror is not a leaf and Dynamo fails with ``AssertionError: True != False``.
     """
-    from torch._subclasses import meta_utils
-
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if version not in _SUPPORTED_TORCH:
         warnings.warn(
@@ -484,8 +483,6 @@ class CompiledGraph:
 @functools.cache
 def _decompositions() -> dict:
     """Core-ATen decompositions of the ops lazy mode would decompose (no rule, not special-cased)."""
-    from lazyxla.lazy.record import SPECIAL_OPS
-
     table = torch._decomp.core_aten_decompositions()
     return {op: fn for op, fn in table.items() if op not in RULES and op not in SPECIAL_OPS}
 
@@ -501,7 +498,7 @@ def _compiler(kind: str) -> Callable:
 
 @functools.cache
 def _aot_backend():
-    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.common import aot_autograd  # loads Dynamo (~1 s): only once torch.compile runs
 
     return aot_autograd(
         fw_compiler=_compiler("forward"),
@@ -512,13 +509,8 @@ def _aot_backend():
     )
 
 
-_warned = set()
-
-
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, stacklevel=3)
+    warn_once("dynamo:" + key, message, stacklevel=3)
 
 
 def _uses_autocast(gm: torch.fx.GraphModule) -> bool:

@@ -27,6 +27,8 @@ import warnings
 from typing import Any
 
 import jax
+from jax._src import distributed as jdist  # private: the coordination service's client (no public API)
+from jax._src import xla_bridge  # private: whether a backend started, the CPU backend factory
 
 from lazyxla.config import config, launcher_env
 from lazyxla.device import wire
@@ -41,8 +43,6 @@ _state: dict[str, Any] = {}  # 'initialized', 'local_rank', 'rendezvous' (tag ->
 
 
 def _backend_started() -> bool:
-    from jax._src import xla_bridge
-
     return bool(xla_bridge._backends)
 
 
@@ -164,8 +164,7 @@ def _gloo_on_loopback() -> None:
     """A single-host run: gloo's CPU collectives listen on 127.0.0.1, not on the address the host name
     resolves to (reachable from the network). jax offers no setting, so its CPU backend factory is
     registered again with gloo collectives made here (jax._src: no public API takes them)."""
-    from jax._src import xla_bridge  # private: the CPU backend factory
-    from jax._src.lib import _jax  # private: gloo's constructor with its hostname argument
+    from jax._src.lib import _jax  # private and version-dependent (gloo's constructor): imported only where used
 
     try:
         collectives = _jax.make_gloo_tcp_collectives(distributed_client=_client(), hostname="127.0.0.1")
@@ -293,8 +292,6 @@ def replica_devices() -> list[jax.Device]:
 
 
 def _client():
-    from jax._src import distributed as jdist
-
     return jdist.global_state.client
 
 

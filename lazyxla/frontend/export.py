@@ -1,4 +1,4 @@
-"""``lazyxla.export`` (in ``lazyxla.stablehlo``): a function or module as a self-contained StableHLO program.
+"""``lazyxla.export``: a function or module as a self-contained StableHLO program.
 
 The function is run once on lazyxla tensors, recorded as a sync would record it, and the graph is
 lowered to one jax function and exported with ``jax.export``: a serialized artifact that any JAX
@@ -36,12 +36,14 @@ import torch
 import torch.utils._pytree as pytree
 
 from lazyxla.config import config
-from lazyxla.device import runtime
-from lazyxla.lazy import diagnostics, graph
-from lazyxla.lazy.diagnostics import CompileRegionError
-from lazyxla.lazy.ir import Leaf, raise_if_error
+from lazyxla.device import devices
+from lazyxla.ir import Leaf, raise_if_error
+from lazyxla.lazy import graph
 from lazyxla.lazy.tensor import LazyTensor, unwrap
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
+from lazyxla.observe import diagnostics
+from lazyxla.observe.diagnostics import CompileRegionError
+from lazyxla.util import atomic_write
 
 
 class ExportError(RuntimeError):
@@ -89,14 +91,12 @@ class Exported:
         return bytes(self.jax.serialize())
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`serialize`'s bytes to ``path`` atomically (``lazyxla.collectives.training.atomic_write``).
+        """Write :meth:`serialize`'s bytes to ``path`` atomically (``lazyxla.util.atomic_write``).
 
         Example::
 
             exported.save("mlp.jaxexport")
         """
-        from lazyxla.collectives.training import atomic_write
-
         atomic_write(path, self.serialize())
 
     def state_values(self) -> dict[str, np.ndarray]:
@@ -125,7 +125,7 @@ class Exported:
                 f"this exported program takes {want} arrays ({', '.join(self.in_names)}), got {len(arrays)}"
             )
         arrays = [_host(a) for a in arrays]
-        with runtime.x64():
+        with devices.x64():
             flat = self.jax.call(*arrays)
         n = len(self.out_names) - len(self.state_names)
         outputs = pytree.tree_unflatten(list(flat[:n]), self._out_tree)
@@ -139,7 +139,7 @@ def _host(a):
     if isinstance(a, torch.Tensor):
         if a.device.type != "cpu":
             a = a.cpu()
-        return runtime.host_array(a.detach())
+        return devices.host_array(a.detach())
     return a
 
 
@@ -390,12 +390,12 @@ def _build(args, outs, out_tree, named, before, after, platforms, random_key) ->
         return tuple(results[k] for k in picks)
 
     specs = [
-        jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, runtime.np_dtype(v[0].avals[v[1]].dtype))
+        jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, devices.np_dtype(v[0].avals[v[1]].dtype))
         for v in inputs + before
     ]
     if random_key:
         specs.append(jax.ShapeDtypeStruct((2,), np.uint32))
-    with runtime.x64(), jax.default_matmul_precision(config.matmul_precision):
+    with devices.x64(), jax.default_matmul_precision(config.matmul_precision):
         exported = jax.export.export(jax.jit(program), platforms=platforms)(*specs)
     state_values = [(n, np.asarray(jax.device_get(v[0].payload))) for (n, _), v in zip(named, before)]
     for n, v in zip([n for n, _ in named], before):

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lazyxla.collectives.ops import ReduceOp, ops
-from lazyxla.device import distributed
+from lazyxla.device import processes
+from lazyxla.ops import ReduceOp, library, ops
 
 __all__ = [
     "ReduceOp",
@@ -52,7 +52,7 @@ def _check_groups(groups, fn: str) -> tuple[list[int], int]:
     """Flat member list and group size; [] and 0 for 'every replica in one group'."""
     if groups is None:
         return [], 0
-    world = distributed.world_size()
+    world = processes.world_size()
     groups = [list(g) for g in groups]
     sizes = {len(g) for g in groups}
     flat = [r for g in groups for r in g]
@@ -68,7 +68,7 @@ def _check_groups(groups, fn: str) -> tuple[list[int], int]:
 
 
 def _count(groups: list[int], size: int) -> int:
-    return size if groups else distributed.world_size()
+    return size if groups else processes.world_size()
 
 
 def _check_dim(t: torch.Tensor, dim: int, fn: str, what: str = "dim") -> int:
@@ -189,7 +189,7 @@ def collective_permute(x: torch.Tensor, pairs: Sequence[Sequence[int]]) -> torch
         y = lazyxla.collective_permute(x, [(i, (i + 1) % n) for i in range(n)])   # a ring shift
     """
     _check_tensors(x, "collective_permute")
-    world = distributed.world_size()
+    world = processes.world_size()
     pairs = [tuple(p) for p in pairs]
     if any(len(p) != 2 for p in pairs):
         raise ValueError(f"collective_permute: pairs must be (source, target) replica pairs; got {pairs}")
@@ -209,10 +209,58 @@ def broadcast(x, root: int = 0):
         lazyxla.broadcast(list(model.parameters()), root=0)   # start every replica from rank 0's weights
     """
     tensors, many = _check_tensors(x, "broadcast")
-    world = distributed.world_size()
+    world = processes.world_size()
     if not 0 <= root < world:
         raise ValueError(f"broadcast: root={root} is not a replica (0..{world - 1})")
     if not many:
         return ops.broadcast(x, root)
     _in_place(tensors, ops.broadcast_coalesced(tensors, root))
     return x
+
+
+# --- meta kernels of the collective ops (declared in lazyxla/ops.py) ---------------------------------
+
+
+def _gathered_shape(x: torch.Tensor, dim: int, count: int) -> list[int]:
+    shape = list(x.shape)
+    shape[dim] *= count
+    return shape
+
+
+def _scattered_shape(x: torch.Tensor, dim: int, count: int) -> list[int]:
+    shape = list(x.shape)
+    shape[dim] //= count
+    return shape
+
+
+def _all_to_all_shape(x: torch.Tensor, split_dim: int, concat_dim: int, count: int) -> list[int]:
+    shape = list(x.shape)
+    shape[split_dim] //= count
+    shape[concat_dim] *= count
+    return shape
+
+
+# Meta kernels: shapes only. (The eager CPU versions are not defined: a collective needs the run's
+# replicas, so calling one on CPU tensors raises PyTorch's "no kernel for CPU" error.) Registered here,
+# not in ops.py, because a gather's output size needs the run's replica count (device/processes.py).
+_META = {
+    "all_reduce": lambda x, op, scale, groups, gs: torch.empty_like(x),
+    "all_reduce_coalesced": lambda xs, op, scale, groups, gs: [torch.empty_like(x) for x in xs],
+    "all_gather": lambda x, dim, groups, gs: x.new_empty(_gathered_shape(x, dim, _count(groups, gs))),
+    "all_gather_coalesced": lambda xs, dim, groups, gs: [
+        x.new_empty(_gathered_shape(x, dim, _count(groups, gs))) for x in xs
+    ],
+    "reduce_scatter": lambda x, op, scale, dim, count, groups, gs: x.new_empty(_scattered_shape(x, dim, count)),
+    "reduce_scatter_coalesced": lambda xs, op, scale, dim, count, groups, gs: [
+        x.new_empty(_scattered_shape(x, dim, count)) for x in xs
+    ],
+    "all_to_all": lambda x, split_dim, concat_dim, count, groups, gs: x.new_empty(
+        _all_to_all_shape(x, split_dim, concat_dim, count)
+    ),
+    "collective_permute": lambda x, pairs: torch.empty_like(x),
+    "broadcast": lambda x, root: torch.empty_like(x),
+    "broadcast_coalesced": lambda xs, root: [torch.empty_like(x) for x in xs],
+}
+
+for _name, _fn in _META.items():
+    library.impl(_name, _fn, "Meta")

@@ -7,6 +7,10 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+import jax
+
+from lazyxla.observe import diagnostics
+
 _BASE = (
     "compiles",
     "cache_hits",
@@ -47,8 +51,6 @@ def timer(name: str) -> Iterator[None]:
 
 
 def _span(name: str):
-    import jax
-
     return jax.profiler.TraceAnnotation("lazyxla." + name)
 
 
@@ -102,8 +104,6 @@ def reset() -> None:
 
         lazyxla.metrics.reset(); step(); print(lazyxla.metrics.report())
     """
-    from lazyxla.lazy import diagnostics
-
     _counters.clear()
     _timers.clear()
     diagnostics.reset()
@@ -118,8 +118,6 @@ def syncs() -> list[dict]:
 
         for s in lazyxla.metrics.syncs(): print(s["count"], s["reason"], s["where"])
     """
-    from lazyxla.lazy import diagnostics
-
     return diagnostics.syncs()
 
 
@@ -132,8 +130,6 @@ def recompiles() -> list[dict]:
         lazyxla.config.explain_recompiles = True
         train(); print(lazyxla.metrics.recompiles())
     """
-    from lazyxla.lazy import diagnostics
-
     return diagnostics.recompiles()
 
 

@@ -1,0 +1,1 @@
+"""Every PyTorch hook: device registration, device kernels, autocast, torch.compile, export."""

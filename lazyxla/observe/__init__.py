@@ -1,0 +1,1 @@
+"""What lazyxla did and why: counters and timers, sync and recompile diagnostics, profiler spans."""

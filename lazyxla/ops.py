@@ -1,0 +1,69 @@
+"""Every ``torch.ops.lazyxla.*`` operator, declared once (one ``torch.library`` DEF library).
+
+- Replica collectives (``all_reduce``, ``all_gather``, ...): each is a PyTorch operator with a meta kernel
+  (its output shape; registered by ``parallel/collectives.py``, which knows the run's replicas), so
+  PyTorch's dispatcher, functionalization and lazyxla's recorder treat it like any aten op: it becomes a
+  node of the graph and is lowered (``lowering/rules/collective.py``) to XLA's collective inside the same
+  compiled program as the rest of the step. Nothing crosses the host. Replica groups travel as a flat list
+  of replica indices plus the group size (every group has the same size, as XLA requires); an empty list
+  means one group of every replica.
+- ``shard(x, mesh, spec)``: an SPMD sharding constraint (``lazyxla.spmd.mark_sharding`` on a pending value).
+- ``compiled_graph(inputs, graph)``: one call of a ``torch.compile`` graph (``frontend/dynamo.py``).
+
+Example::
+
+    from lazyxla.ops import ops
+    y = ops.all_reduce(x, int(ReduceOp.SUM), 1.0, [], 0)      # what lazyxla.all_reduce records
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+library = torch.library.Library("lazyxla", "DEF")  # the one definition of the namespace
+
+
+class ReduceOp(enum.IntEnum):
+    """How ``all_reduce`` and ``reduce_scatter`` combine the replicas' values."""
+
+    SUM = 0
+    MUL = 1
+    MIN = 2
+    MAX = 3
+    AND = 4  # logical for bool tensors, bitwise for integer tensors
+    OR = 5
+
+
+_SCHEMAS = {
+    "all_reduce": "(Tensor x, int op, float scale, int[] groups, int group_size) -> Tensor",
+    "all_reduce_coalesced": "(Tensor[] xs, int op, float scale, int[] groups, int group_size) -> Tensor[]",
+    "all_gather": "(Tensor x, int dim, int[] groups, int group_size) -> Tensor",
+    "all_gather_coalesced": "(Tensor[] xs, int dim, int[] groups, int group_size) -> Tensor[]",
+    "reduce_scatter": (
+        "(Tensor x, int op, float scale, int dim, int shard_count, int[] groups, int group_size) -> Tensor"
+    ),
+    "reduce_scatter_coalesced": (
+        "(Tensor[] xs, int op, float scale, int dim, int shard_count, int[] groups, int group_size) -> Tensor[]"
+    ),
+    "all_to_all": (
+        "(Tensor x, int split_dim, int concat_dim, int split_count, int[] groups, int group_size) -> Tensor"
+    ),
+    "collective_permute": "(Tensor x, int[] pairs) -> Tensor",
+    "broadcast": "(Tensor x, int root) -> Tensor",
+    "broadcast_coalesced": "(Tensor[] xs, int root) -> Tensor[]",
+}
+
+for _name, _schema in _SCHEMAS.items():
+    library.define(_name + _schema)
+
+# An SPMD sharding annotation on a pending value (mesh: the mesh's key; spec: the partition spec as JSON).
+library.define("shard(Tensor x, str mesh, str spec) -> Tensor")
+library.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
+
+# One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py).
+library.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
+
+ops = torch.ops.lazyxla
+COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

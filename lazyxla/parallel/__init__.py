@@ -1,0 +1,1 @@
+"""Many devices: replica collectives, SPMD sharding, torch.distributed, launch, training helpers, data."""
