@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 import lazyxla  # noqa: F401  (fills the rule table)
-from lazyxla.lazy.record import SPECIAL_OPS, status_of
+from lazyxla.lazy.record import status_of
+from lazyxla.lazy.special import SPECIAL_OPS
 from lazyxla.lowering.registry import RULES
 
 RESULTS = Path(__file__).resolve().parents[2] / "build" / "opinfo-results.json"

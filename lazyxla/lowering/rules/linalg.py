@@ -22,7 +22,7 @@ def matmul(a, b):
 
 
 def _scaled(x, s):
-    # 1 stays a constant (see record._CONST_FLOATS): skip the multiply
+    # 1 stays a constant (see lazy.meta._CONST_FLOATS): skip the multiply
     return x if isinstance(s, (int, float)) and s == 1 else x * s
 
 
