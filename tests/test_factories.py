@@ -313,14 +313,14 @@ def test_a_decomposition_that_calls_torch_tensor_below_functionalization(dev, mo
 
     # A decomposition that adds a non-0-d tensor built on the device (a wrapped one would be refused there).
     op = torch.ops.aten.affine_grid_generator.default
-    original = record._decomposition
+    original = record.decomposition
 
     def decomposition(func):
         if func is not op:
             return original(func)
         return lambda theta, size, align_corners: theta + torch.tensor([[[1.0], [2.0]]], device=theta.device)
 
-    monkeypatch.setattr(record, "_decomposition", decomposition)
+    monkeypatch.setattr(record, "decomposition", decomposition)
     out = torch.nn.functional.affine_grid(theta.to(dev), [1, 1, 1, 3], align_corners=False)
     torch.testing.assert_close(out.cpu(), theta + torch.tensor([[[1.0], [2.0]]]))
     out += 1  # the user's result is an ordinary lazyxla tensor

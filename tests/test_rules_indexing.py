@@ -1,4 +1,5 @@
-"""Indexing ops (rules/indexing.py) against CPU eager: advanced indexing, gather/scatter, embedding."""
+"""Indexing ops against CPU eager: advanced indexing, gather/scatter (rules/indexing.py), embedding
+(rules/embedding.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""NN ops (rules/nn.py) against CPU eager: convolution, pooling, normalization, softmax, losses, gradients."""
+"""NN ops against CPU eager: convolution and pooling (rules/conv_pool.py), normalization (rules/norm.py),
+softmax, activation gradients and dropout (rules/activation.py), attention (rules/attention.py), losses
+(rules/loss.py), gradients."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Random ops (rules/random.py, dropout in rules/nn.py): reproducible by seed, fresh per call, right statistics."""
+"""Random ops (rules/random.py, dropout in rules/activation.py): reproducible by seed, fresh per call, right
+statistics."""
 
 from __future__ import annotations
 

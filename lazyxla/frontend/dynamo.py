@@ -74,7 +74,8 @@ from lazyxla.config import config
 from lazyxla.ir import IN, Leaf, canonical, leaf, node, op_hash
 from lazyxla.lazy import rng
 from lazyxla.lazy.graph import plan_values
-from lazyxla.lazy.record import SPECIAL_OPS, _from_cpu, status_of
+from lazyxla.lazy.record import status_of
+from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
 from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES, lowers
@@ -418,7 +419,7 @@ class CompiledGraph:
             elif type(t) in _NUMBERS:  # a symbolic size (or scalar): this call's value is a constant of its trace
                 sig.append((type(t), t))
             else:  # a 0-d CPU tensor (a Python float Dynamo made an input)
-                lazies[i] = _from_cpu(t, device)
+                lazies[i] = cpu_to_lazy(t, device)
                 sig.append(lazies[i]._aval)
         sig = tuple(sig)
         trace = self.traces.get(sig)

@@ -13,7 +13,9 @@ from lazyxla.device import devices
 from lazyxla.frontend import autocast, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
-from lazyxla.lazy.record import DEVICE_KERNEL_OPS, _copy, _to_cpu, dispatch, record
+from lazyxla.lazy.meta import record
+from lazyxla.lazy.record import DEVICE_KERNEL_OPS, dispatch
+from lazyxla.lazy.special import copy_into, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
@@ -69,16 +71,16 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 def _copy_from(src, dst, non_blocking=False):
     if dst.device.type == "lazyxla":
         inner = unwrap(dst)
-        new = _copy(inner, src if src.device.type != "lazyxla" else unwrap(src))
+        new = copy_into(inner, src if src.device.type != "lazyxla" else unwrap(src))
         inner._value = new._value
         return dst
-    dst.copy_(_to_cpu(unwrap(src), reason="copy_ to a CPU tensor"))
+    dst.copy_(lazy_to_cpu(unwrap(src), reason="copy_ to a CPU tensor"))
     return dst
 
 
 def to_cpu(t: torch.Tensor, reason: str = "print") -> torch.Tensor:
     with torch.no_grad():
-        return _to_cpu(unwrap(t), reason=reason)
+        return lazy_to_cpu(unwrap(t), reason=reason)
 
 
 KERNELS = {

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 import lazyxla  # noqa: F401  (fills the rule table)
-from lazyxla.lazy.record import SPECIAL_OPS, status_of
+from lazyxla.lazy.record import status_of
+from lazyxla.lazy.special import SPECIAL_OPS
 from lazyxla.lowering.registry import RULES
 from lazyxla.util import atomic_write
 

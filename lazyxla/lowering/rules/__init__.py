@@ -1,18 +1,23 @@
 """Lowering rules, one module per op family; importing this package fills the rule table."""
 
 from lazyxla.lowering.rules import (  # noqa: F401
+    activation,
     attention,
     collective,
+    conv_pool,
     core,
+    distance,
+    embedding,
     fft,
     indexing,
     linalg,
     loss,
-    nn,
+    norm,
     optim,
     pointwise,
     random,
     reduction,
+    sampling,
     sorting,
     view,
 )

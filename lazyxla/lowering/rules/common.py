@@ -1,11 +1,16 @@
-"""Helpers shared by the rule families: accumulate types, vjp-based backward rules, loss reductions."""
+"""Helpers shared by the rule families: accumulate types, dims, vjp-based backward rules, norms, GELU, loss reductions.
+
+A rule family module imports helpers from here, never from another family module.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 LOW = (jnp.float16, jnp.bfloat16)
+_INF = float("inf")
 
 
 def acc(x):
@@ -38,6 +43,44 @@ def channel_shape(ndim: int) -> tuple[int, ...]:
 def channel(v, ndim: int):
     """A per-channel vector shaped to broadcast against an ``(N, C, *spatial)`` array."""
     return v.reshape(channel_shape(ndim))
+
+
+def norm_dim(dim: int, ndim: int) -> int:
+    """``dim`` in ``[0, ndim)``; a 0-d tensor takes dims 0 and -1."""
+    return dim % max(ndim, 1)
+
+
+def _pnorm(a, axes, p):
+    return jnp.sum(a**p, axis=axes) ** (1 / p)
+
+
+_NORMS = {
+    _INF: lambda a, axes, p: jnp.max(a, axis=axes),
+    -_INF: lambda a, axes, p: jnp.min(a, axis=axes),
+    0: lambda a, axes, p: jnp.sum(a != 0, axis=axes, dtype=a.dtype),
+    1: lambda a, axes, p: jnp.sum(a, axis=axes),
+    2: lambda a, axes, p: jnp.sqrt(jnp.sum(a * a, axis=axes)),
+}
+
+
+def vector_norm(a, axes, p):
+    """The ``p``-norm of the absolute values ``a`` over ``axes``: ``p`` a Python number (0, inf and -inf
+    included) or a traced 0-d array (a float ord that is a graph input), then every norm it may name is
+    computed and the one it names selected."""
+    if not isinstance(p, jax.Array):
+        return _NORMS.get(p, _pnorm)(a, axes, p)
+    out = _pnorm(a, axes, p)
+    for q in (2, 0, -_INF, _INF):
+        out = jnp.where(p == q, _NORMS[q](a, axes, q), out)
+    return out
+
+
+def jax_gelu(x, approximate: str):
+    """GELU, exact (``approximate="none"``) or with the tanh approximation, as PyTorch computes it."""
+    if approximate == "tanh":
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1 + jnp.tanh(inner))
+    return 0.5 * x * (1 + lax.erf(x * 0.7071067811865476))
 
 
 def reduce_loss(loss, reduction: int):

@@ -1,4 +1,4 @@
-"""Lowering rules: indexing ops (advanced indexing, gather/scatter families, embedding).
+"""Lowering rules: indexing ops (advanced indexing, gather/scatter families).
 
 Indexing with a boolean mask has a data-dependent shape: PyTorch's meta kernel for ``index.Tensor``
 refuses it, so such reads run on the CPU. Writes through a mask (``index_put``, ``masked_scatter``)
@@ -12,10 +12,13 @@ from functools import partial
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
-from lazyxla.lowering.rules.view import aten, norm_dim
+from lazyxla.lowering.rules.common import norm_dim
+
+aten = torch.ops.aten
 
 
 def _is_mask(i) -> bool:
@@ -217,23 +220,3 @@ _scatter_1d = _at_least_1d(_scatter)
 lowers(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce)(_scatter_1d)
 lowers(aten.scatter_reduce.two)(_scatter_1d)
 lowers(aten.scatter_add.default)(partial(_scatter_1d, reduce="sum"))
-
-
-# ---- embedding ----
-
-
-@lowers(aten.embedding.default)
-def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
-
-
-@lowers(aten.embedding_dense_backward.default)
-def _embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    idx = indices.reshape(-1)
-    g = grad.reshape(idx.shape[0], -1)
-    if padding_idx >= 0:
-        g = jnp.where((idx == padding_idx)[:, None], 0, g)
-    if scale_grad_by_freq:
-        counts = jnp.zeros(num_weights, g.dtype).at[idx].add(1)
-        g = g / counts[idx][:, None]
-    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)

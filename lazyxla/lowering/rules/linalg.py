@@ -9,6 +9,7 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.common import jax_gelu
 
 aten = torch.ops.aten
 
@@ -22,7 +23,7 @@ def matmul(a, b):
 
 
 def _scaled(x, s):
-    # 1 stays a constant (see record._CONST_FLOATS): skip the multiply
+    # 1 stays a constant (see lazy.meta._CONST_FLOATS): skip the multiply
     return x if isinstance(s, (int, float)) and s == 1 else x * s
 
 
@@ -63,13 +64,6 @@ def _addr(ctx, inp, u, v, *, beta=1, alpha=1):
 def _addmm_activation(ctx, inp, a, b, *, beta=1, alpha=1, use_gelu=False):
     out = _add_scaled(ctx, inp, matmul(a, b), beta, alpha)
     return jax_gelu(out, "tanh") if use_gelu else jnp.maximum(out, 0)
-
-
-def jax_gelu(x, approximate: str):
-    if approximate == "tanh":
-        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1 + jnp.tanh(inner))
-    return 0.5 * x * (1 + lax.erf(x * 0.7071067811865476))
 
 
 # ---- decompositions and solvers (float32/64; multi-output ops return PyTorch's tuple) ----

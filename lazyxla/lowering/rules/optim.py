@@ -26,7 +26,7 @@ _F64 = np.float64
 
 
 def _given(x) -> bool:
-    """A hyperparameter that takes part: 0.0 stays a Python constant (record.py), any other value is an input."""
+    """A hyperparameter that takes part: 0.0 stays a Python constant (lazy/meta.py), any other value is an input."""
     return not (isinstance(x, float) and x == 0.0)
 
 

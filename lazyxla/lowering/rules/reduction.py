@@ -16,10 +16,9 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.common import vector_norm
 
 aten = torch.ops.aten
-
-_INF = float("inf")
 
 
 def _axes(dim, ndim: int) -> tuple[int, ...] | None:
@@ -165,35 +164,10 @@ def _logsumexp(ctx, x, dim, keepdim=False):
 # ---- norms ----
 
 
-def _pnorm(a, axes, p):
-    return jnp.sum(a**p, axis=axes) ** (1 / p)
-
-
-_NORMS = {
-    _INF: lambda a, axes, p: jnp.max(a, axis=axes),
-    -_INF: lambda a, axes, p: jnp.min(a, axis=axes),
-    0: lambda a, axes, p: jnp.sum(a != 0, axis=axes, dtype=a.dtype),
-    1: lambda a, axes, p: jnp.sum(a, axis=axes),
-    2: lambda a, axes, p: jnp.sqrt(jnp.sum(a * a, axis=axes)),
-}
-
-
-def vector_norm(a, axes, p: float):
-    """The ``p``-norm (a Python number: 0, inf and -inf included) of the absolute values ``a`` over ``axes``."""
-    return _NORMS.get(p, _pnorm)(a, axes, p)
-
-
 @lowers(aten.linalg_vector_norm.default)
 def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     a = jnp.abs(x.astype(ctx.dtype) if dtype is not None else x).astype(_acc(ctx.dtype))
-    axes = _axes(dim, x.ndim)
-    if not isinstance(ord, jax.Array):
-        return vector_norm(a, axes, ord).reshape(ctx.shape)
-    # a float ord is a graph input (a traced 0-d array): select among the norms it may name
-    out = _pnorm(a, axes, ord)
-    for p in (2, 0, -_INF, _INF):
-        out = jnp.where(ord == p, _NORMS[p](a, axes, p), out)
-    return out.reshape(ctx.shape)
+    return vector_norm(a, _axes(dim, x.ndim), ord).reshape(ctx.shape)
 
 
 # ---- scans ----

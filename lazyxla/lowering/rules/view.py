@@ -13,13 +13,9 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.common import norm_dim
 
 aten = torch.ops.aten
-
-
-def norm_dim(dim: int, ndim: int) -> int:
-    """``dim`` in ``[0, ndim)``; a 0-d tensor takes dims 0 and -1."""
-    return dim % max(ndim, 1)
 
 
 def slice_bounds(size: int, start, end) -> tuple[int, int]:

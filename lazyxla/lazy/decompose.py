@@ -1,0 +1,218 @@
+"""Ops without a rule of their own, rewritten into ops that have one, or run on the CPU.
+
+In-place and ``out=`` overloads met below functionalization (from a decomposition) run their
+functional overload and rebind the mutated tensors; ``_foreach_*`` ops run their element op per
+tensor; other ops run PyTorch's core-ATen decomposition (or their CompositeImplicit kernel); what is
+left runs on the CPU (``fallback``: counted, warned once, an error in strict mode). The rewritten ops
+go back through ``lazy.record.dispatch``, which the functions here take as an argument: routing sits
+above this module.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch._decomp
+
+from lazyxla.config import config
+from lazyxla.lazy import graph
+from lazyxla.lazy.meta import leaves
+from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
+from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.observe import metrics
+from lazyxla.util import warn_once
+
+aten = torch.ops.aten
+
+
+@functools.cache
+def _core_decompositions() -> dict:
+    return torch._decomp.core_aten_decompositions()
+
+
+@functools.cache
+def decomposition(func):
+    """PyTorch's decomposition of ``func`` into core aten ops (or its CompositeImplicit kernel), or None."""
+    # Only decompositions into core aten ops: the general table also holds refs that lower to prims.
+    table = _core_decompositions()
+    if func in table:
+        return table[func]
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return func.decompose
+    return None
+
+
+@functools.cache
+def functional_of(func):
+    """For an in-place op ``aten.x_.ov``: the functional ``aten.x.ov`` (None if there is none)."""
+    schema = func._schema
+    base = schema.name.split("::")[1]
+    if not base.endswith("_") or base.startswith("_foreach"):
+        return None
+    packet = getattr(aten, base[:-1], None)
+    overload = getattr(packet, func._overloadname, None) if packet is not None else None
+    if overload is None:
+        return None
+    return overload
+
+
+@functools.cache
+def functional_of_out(func):
+    """``aten.x.out``-style overload -> the overload of ``aten.x`` with the same non-out arguments."""
+    schema = func._schema
+    want = [a.name for a in schema.arguments if not a.is_out]
+    packet = getattr(aten, schema.name.split("::")[1])
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if not cand._schema.is_mutable and [a.name for a in cand._schema.arguments] == want:
+            return cand
+    return None
+
+
+def out_variant(func, args, kwargs, dispatch):
+    """An ``out=`` op below functionalization (from a decomposition): compute the functional overload
+    through ``dispatch``, then rebind ``out``."""
+    functional = functional_of_out(func)
+    outs = [kwargs[a.name] for a in func._schema.arguments if a.is_out and a.name in kwargs]
+    if functional is None:  # the CPU runs it into CPU copies of out: their values come back below
+        result = fallback(func, args, kwargs)
+    else:
+        kwargs = {k: v for k, v in kwargs.items() if not any(v is o for o in outs)}
+        result = dispatch(functional, args, kwargs)
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for o, r in zip(outs, results):
+        if tuple(o.shape) != tuple(r.shape):
+            raise RuntimeError(
+                f"lazyxla: {func} writes shape {tuple(r.shape)} into an out= tensor of shape {tuple(o.shape)}; "
+                "resizing out= tensors is not supported on lazyxla, pass an out= tensor of the right shape"
+            )
+        o._value = r._value
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def inplace(functional, args, kwargs, dispatch):
+    """An in-place op below functionalization: its ``functional`` overload through ``dispatch``, then
+    ``self`` rebound to the result."""
+    out = dispatch(functional, args, kwargs)
+    args[0]._value = out._value
+    return args[0]
+
+
+_ELEMENT_OVERLOADS = {
+    "Scalar": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
+    "ScalarList": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
+    "List": ("Tensor", "default", "Tensor_Tensor"),
+    "Tensor": ("Tensor", "default", "Tensor_Tensor"),
+    "default": ("default",),
+    "ScalarAndTensor": ("Scalar",),
+}
+
+
+_FOREACH_CLAMPS = {"maximum": aten.clamp_min.default, "minimum": aten.clamp_max.default}
+
+
+@functools.cache
+def foreach_element_op(func):
+    """``aten._foreach_x.ov`` -> the per-tensor op ``aten.x.<matching overload>`` (or None)."""
+    name = func._schema.name.split("::")[1][len("_foreach_") :].rstrip("_")
+    if name == "norm":
+        return aten.linalg_vector_norm.default
+    if name in _FOREACH_CLAMPS and func._overloadname in ("Scalar", "ScalarList"):
+        return _FOREACH_CLAMPS[name]  # aten.maximum takes no number: a tensor's maximum with one is clamp_min
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    names = [ov for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()) if ov in packet.overloads()]
+    candidates = [getattr(packet, ov) for ov in names]
+    # the first whose arguments take one element of each foreach argument: pow.Tensor_Scalar for
+    # _foreach_pow.Scalar (pow.Scalar takes the number first), clamp_min.default for _foreach_clamp_min.Scalar
+    types = [a.type for a in func._schema.arguments]
+    want = [str(t.getElementType() if isinstance(t, torch.ListType) else t) for t in types]
+    for op in candidates:
+        have = [str(a.type) for a in op._schema.arguments]
+        if have[: len(want)] == want:
+            return op
+    return candidates[0] if candidates else None
+
+
+def foreach(func, args, kwargs, dispatch):
+    """``_foreach_x(lists...)``: ``x`` applied to each element through ``dispatch``, arguments matched by
+    schema position."""
+    op = foreach_element_op(func)
+    if op is None:
+        return None
+    fnames = [a.name for a in func._schema.arguments]
+    bound = list(args) + [kwargs[n] for n in fnames[len(args) :] if n in kwargs]
+    if op is aten.linalg_vector_norm.default:  # (self, ord, dtype) -> (self, ord, dim, keepdim, dtype)
+        bound = bound[:2] + [None, False] + bound[2:]
+    params = op._schema.arguments[: len(bound)]
+    lists = next(b for b in bound if isinstance(b, (list, tuple)))
+    results = []
+    for i in range(len(lists)):
+        pos, kw = [], {}
+        for p, b in zip(params, bound):
+            v = b[i] if isinstance(b, (list, tuple)) else b
+            if p.kwarg_only:
+                kw[p.name] = v
+            else:
+                pos.append(v)
+        results.append(dispatch(op, tuple(pos), kw))
+    if func._schema.name.endswith("_"):
+        for t, r in zip(args[0], results):
+            t._value = r._value
+        return None
+    return results
+
+
+NO_RULE = "has no lowering rule nor decomposition"
+
+
+def fallback(func, args, kwargs, why: str = NO_RULE):
+    """Run ``func`` on the CPU: its inputs synced and copied to the host, its results copied back (counted as
+    ``fallback.<op>``, warned once per op; an error in strict mode)."""
+    name = str(func)
+    if config.strict:
+        raise NotImplementedError(
+            f"lazyxla: {name} {why}, and strict mode forbids running it on the CPU. Set "
+            "lazyxla.config.strict = False (or LAZYXLA_STRICT=0) to allow the CPU fallback, or avoid the op."
+        )
+    metrics.inc("fallback." + name)
+    if config.warn_fallback:
+        warn_once(
+            "fallback:" + name,
+            f"lazyxla: {name} {why}; it runs on the CPU (inputs synced, result copied back). "
+            "This is slow; lazyxla.metrics.counters() counts it.",
+            stacklevel=4,
+        )
+    device = None
+    lazies = [a for a in leaves(args, kwargs) if isinstance(a, LazyTensor)]
+    graph.sync_tensors(lazies, reason=f"fallback {name}")
+    if lazies:
+        device = lazies[0]._value[0].device
+
+    def on_cpu(x):
+        if isinstance(x, LazyTensor):
+            return lazy_to_cpu(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(on_cpu(e) for e in x)
+        if isinstance(x, torch.device) and x.type == "lazyxla":
+            return torch.device("cpu")
+        return x
+
+    out = func(*on_cpu(args), **{k: on_cpu(v) for k, v in kwargs.items()})
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            return cpu_to_lazy(x, device or 0)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(e) for e in x)
+        return x
+
+    return back(out)
+
+
+def decomposed(decomp, args, kwargs):
+    """``decomp(*args, **kwargs)``: a PyTorch decomposition run here, below functionalization."""
+    with inside_decomposition():
+        return decomp(*args, **kwargs)

@@ -1,0 +1,513 @@
+"""Recording one op as an IR node: its arguments flattened, its outputs inferred, and the fast path.
+
+``record(func, args, kwargs)`` turns a call into a node of the graph (see ``lazy.ir``) and returns its
+LazyTensor outputs. The first call of a signature flattens the arguments into a hashable template and
+its inputs (Python floats that are tensor math become graph inputs; 0-d CPU tensors are moved to the
+device), infers the outputs with PyTorch's meta kernels (memoized by op, template and input avals) and
+checks the call against PyTorch's CPU kernel (``lazy.check``); later calls of that signature take the
+fast path, which skips all three. Which ops get here is decided by ``lazy.record.dispatch``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from lazyxla.config import config
+from lazyxla.device import devices
+from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, slot
+from lazyxla.lazy import check, rng
+from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lowering import to_jax
+from lazyxla.lowering.registry import RULES
+from lazyxla.observe import diagnostics, metrics
+from lazyxla.observe.metrics import _counters
+
+_flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
+
+aten = torch.ops.aten
+
+# Python floats in these ops stay constants: they decide output shapes (arange, ...) or select the
+# algorithm (a norm's ord), so a graph input would not do.
+_CONST_SCALAR_OPS = frozenset(
+    {"aten::arange", "aten::linspace", "aten::logspace", "aten::range", "aten::linalg_vector_norm"}
+)
+# Python floats in these ops that stay constants: 0 and +-1 simplify the program.
+_CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
+# Ops whose ``float`` arguments are tensor math too, not only their ``Scalar`` ones: the fused optimizer steps
+# take the learning rate and betas as ``float``, and a schedule (or OneCycleLR's momentum) changes them per step.
+_FLOAT_INPUT_OPS = frozenset({"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd", "aten::_fused_adagrad"})
+
+
+class DeviceMismatch(RuntimeError):
+    """An op's tensors are on different devices (raised with PyTorch's message)."""
+
+
+class NoMeta(Exception):
+    """PyTorch cannot infer the op's output shape without the data: it runs like an op without a rule."""
+
+
+def _is_scalar_type(t) -> bool:
+    """Argument types where a Python float is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
+    if isinstance(t, (torch.NumberType, torch.TensorType)):
+        return True
+    if isinstance(t, torch.OptionalType):
+        return _is_scalar_type(t.getElementType())
+    if isinstance(t, torch.ListType):
+        return _is_scalar_type(t.getElementType())
+    return False
+
+
+@functools.cache
+def scalar_args(func) -> tuple[tuple[bool, ...], frozenset[str]]:
+    """Which positional args and which keyword args of ``func`` are ``Scalar`` (or lists of them)."""
+    schema = func._schema
+    if schema.name in _CONST_SCALAR_OPS:
+        return (), frozenset()
+    floats = schema.name in _FLOAT_INPUT_OPS
+
+    def scalar(a) -> bool:
+        return _is_scalar_type(a.type) or (floats and isinstance(a.type, torch.FloatType))
+
+    pos = tuple(scalar(a) for a in schema.arguments if not a.kwarg_only)
+    kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and scalar(a))
+    return pos, kw
+
+
+class _Flat:
+    """Args of one op flattened into a hashable template, its input values and their avals."""
+
+    __slots__ = ("inputs", "avals", "device", "meta_subst")
+
+    def __init__(self) -> None:
+        self.inputs: list = []
+        self.avals: list = []
+        self.device: int | None = None
+        self.meta_subst: list = []  # per input: an Aval (a tensor) or a Python value (a scalar input)
+
+    def tensor(self, t: LazyTensor):
+        n = t._value[0]
+        if self.device is None:
+            self.device = n.device
+        elif n.device != self.device:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"lazyxla:{self.device} and lazyxla:{n.device}!"
+            )
+        return self._add(t._value, t._aval, None)
+
+    def _add(self, value, aval, subst):
+        self.inputs.append(value)
+        self.avals.append(aval)
+        self.meta_subst.append(aval if subst is None else subst)
+        return slot(len(self.inputs) - 1)
+
+    def conv(self, x, scalar: bool):
+        if isinstance(x, LazyTensor):
+            return self.tensor(x)
+        if isinstance(x, torch.Tensor):
+            return self.host_tensor(x)
+        if isinstance(x, (list, tuple)):
+            return tuple(self.conv(e, scalar) for e in x)
+        if scalar and type(x) is float and x not in _CONST_FLOATS:
+            aval = Aval((), torch.float64)
+            return self._add((leaf(Leaf.SCALAR, x, aval, -1), 0), aval, x)
+        return x
+
+    def host_tensor(self, t: torch.Tensor):
+        if t.dim() != 0:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"lazyxla:{self.device or 0} and {t.device}! Move the tensor with .to(lazyxla.device()) "
+                "(0-dim CPU tensors are allowed, as for CUDA)."
+            )
+        aval = Aval((), t.dtype)
+        value = (_Pending0d(t), 0)  # placed on the device once the op's device is known
+        return self._add(value, aval, None)
+
+
+class _Pending0d:
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def _flatten(func, args, kwargs, place: bool = True):
+    """The call's template and inputs; with ``place``, 0-d CPU tensors are moved to the op's device."""
+    pos_scalar, kw_scalar = scalar_args(func)
+    flat = _Flat()
+    targs = tuple(flat.conv(a, i < len(pos_scalar) and pos_scalar[i]) for i, a in enumerate(args))
+    tkw = tuple(sorted((k, flat.conv(v, k in kw_scalar)) for k, v in kwargs.items()))
+    if flat.device is None:
+        flat.device = _device_kwarg(kwargs)
+    if not place:
+        return (targs, tkw), flat
+    for i, (value, aval) in enumerate(zip(flat.inputs, flat.avals)):
+        if type(value[0]) is _Pending0d:
+            metrics.inc("host_to_device")
+            data = devices.to_device(value[0].t, flat.device)
+            n = leaf(Leaf.DATA, data, aval, flat.device)
+            n.source = "a 0-d CPU tensor used in device math"
+            flat.inputs[i] = (n, 0)
+    return (targs, tkw), flat
+
+
+def leaves(args, kwargs):
+    """Every argument of a call, lists and tuples flattened (in no particular order)."""
+    stack = list(args) + list(kwargs.values())
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        else:
+            yield x
+
+
+def _device_kwarg(kwargs) -> int:
+    dev = kwargs.get("device")
+    if isinstance(dev, torch.device) and dev.type == "lazyxla":
+        return dev.index or 0
+    return 0
+
+
+# ---- meta inference, memoized by (op, template, input avals) ----
+
+_meta_cache: dict = {}
+
+
+def _meta_tensor(aval: Aval) -> torch.Tensor:
+    return torch.empty(aval.shape, dtype=aval.dtype, device="meta")
+
+
+def _instantiate(x, subst, make, device: torch.device):
+    """The template ``x`` with each input made by ``make(aval)`` (Python scalars as they are) and each
+    device argument replaced by ``device``."""
+    if type(x) is tuple:
+        return tuple(_instantiate(e, subst, make, device) for e in x)
+    if type(x) is In:
+        s = subst[x.i]
+        return make(s) if isinstance(s, Aval) else s
+    if isinstance(x, torch.device):
+        return device
+    return x
+
+
+def _call_args(template, subst, args, kwargs, make, device: torch.device):
+    """The op's ``(args, kwargs)`` rebuilt from its template on tensors made by ``make`` (lists where the
+    original had lists)."""
+    targs, tkw = template
+    cargs = _restore_lists(_instantiate(targs, subst, make, device), list(args))
+    ckw = {k: _restore_lists(_instantiate(v, subst, make, device), kwargs[k]) for k, v in tkw}
+    return cargs, ckw
+
+
+def _restore_lists(x, like):
+    """Restore lists where the original args had lists (templates hold tuples)."""
+    if isinstance(like, list):
+        return [_restore_lists(e, lk) for e, lk in zip(x, like)]
+    if isinstance(like, tuple) and type(x) is tuple:
+        return tuple(_restore_lists(e, lk) for e, lk in zip(x, like))
+    return x
+
+
+def _spec(out, avals: list):
+    if isinstance(out, torch.Tensor):
+        avals.append(Aval(tuple(out.shape), out.dtype))
+        return len(avals) - 1
+    if isinstance(out, (list, tuple)):
+        return (type(out), tuple(_spec(o, avals) for o in out))
+    return ("const", out)
+
+
+def _meta_key(func, ckey, flat: _Flat) -> tuple:
+    # a Python float shares its aval with a 0-d float64 tensor, but not PyTorch's promotion rules
+    return (func, ckey, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
+
+
+def _infer(func, template, ckey, flat: _Flat, args, kwargs):
+    key = _meta_key(func, ckey, flat)
+    try:
+        return _meta_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable constant
+        key = None
+    margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
+    with torch._C._DisableFuncTorch(), _no_python_dispatch():
+        try:
+            out = func(*margs, **mkw)
+        except NotImplementedError as e:  # no meta kernel, or a data-dependent shape (a boolean mask)
+            if func not in _MISSING_META:
+                raise NoMeta(str(e)) from e
+            out = _MISSING_META[func](*margs, **mkw)
+        except Exception as e:  # the CPU kernel's exception type, if it raises another, is PyTorch's answer
+            _check_on_cpu(func, template, flat, args, kwargs, (), meta_error=e)
+            raise
+    avals: list = []
+    result = (_spec(out, avals), tuple(avals))
+    for aval in result[1]:
+        devices.np_dtype(aval.dtype)  # an unsupported dtype (complex32, ...) raises here, at the call
+    _check_on_cpu(func, template, flat, args, kwargs, result[1])
+    if key is not None:
+        _meta_cache[key] = result
+    return result
+
+
+def _new_values_meta(func):
+    """Output metadata of a functional op whose outputs are new values of its inputs: the fused optimizer steps
+    and AMP's ops (``self_out`` is a new ``self``, ``grads_out`` new ``grads``; an unnamed output is ``self``)."""
+    names = [a.name for a in func._schema.arguments]
+    outs = [r.name.removesuffix("_out") or "self" for r in func._schema.returns]
+
+    def meta(*args, **kwargs):
+        bound = {**dict(zip(names, args)), **kwargs}
+        like = [bound[n] for n in outs]
+        return tuple([torch.empty_like(t) for t in x] if isinstance(x, list) else torch.empty_like(x) for x in like)
+
+    return meta
+
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+
+def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_error=None) -> None:
+    """Raise, at the call, the error PyTorch's CPU kernel raises for this call (see ``lazy.check``)."""
+    limit = _flags["check_max_elements"]
+    in_avals = [s for s in flat.meta_subst if isinstance(s, Aval)]
+    if limit <= 0 or check.numel(in_avals) + check.numel(out_avals) > limit or _masks_index(template, flat):
+        return
+
+    def lowers() -> bool:  # the call as a node, for asking whether its rule lowers it
+        return to_jax.traces(node(func, tuple(flat.inputs), template, tuple(out_avals), flat.device, 0))
+
+    check.raise_cpu_error(
+        func,
+        lambda make: _call_args(template, flat.meta_subst, args, kwargs, make, _CPU),
+        random=RULES[func].random if func in RULES else True,
+        meta_error=meta_error,
+        lowers=lowers if func in RULES and out_avals else None,
+    )
+
+
+def _masks_index(template, flat: _Flat) -> bool:
+    """Whether a boolean tensor is among a list argument (``index_put``'s indices): the shapes then depend
+    on how many elements the mask selects, which stand-in values cannot know."""
+    targs, tkw = template
+    for a in (*targs, *(v for _, v in tkw)):
+        if type(a) is tuple:
+            for e in a:
+                if type(e) is In and getattr(flat.meta_subst[e.i], "dtype", None) is torch.bool:
+                    return True
+    return False
+
+
+# Signatures of calls about to be decomposed whose CPU check passed (the fast path's keys, else the meta
+# cache's): the check runs once per signature.
+_checked: set = set()
+
+
+def check_before_decomposing(func, args, kwargs, scalars) -> None:
+    """An op without a rule is about to be decomposed into ops that each have their own checks, but the
+    op's own checks (a dim out of range for ``aminmax``, ...) would be lost: raise what the CPU raises."""
+    if _flags["check_max_elements"] <= 0:
+        return
+    found = _signature(func, args, kwargs, *scalars)
+    if found is not None and found[0] in _checked:
+        return
+    template, flat = _flatten(func, args, kwargs, place=False)
+    key = _meta_key(func, canonical(template), flat)
+    try:
+        done = key in _checked
+    except TypeError:  # an unhashable constant: checked, not remembered
+        key, done = None, False
+    if not done:
+        margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
+        with torch._C._DisableFuncTorch(), _no_python_dispatch():
+            try:
+                out_avals = _spec_avals(func(*margs, **mkw))
+            except NotImplementedError:  # no meta kernel: the outputs' size is unknown, so no CPU check
+                out_avals = None
+            except Exception as e:  # the CPU's error, if it raises too; else the decomposition's own
+                _check_on_cpu(func, template, flat, args, kwargs, (), e)
+                out_avals = None
+        if out_avals is not None:
+            _check_on_cpu(func, template, flat, args, kwargs, out_avals)
+        if key is not None:
+            _remember(_checked, key)
+    if found is not None:
+        _remember(_checked, found[0])
+
+
+def _spec_avals(out) -> list:
+    avals: list = []
+    _spec(out, avals)
+    return avals
+
+
+def _remember(memo: set, key) -> None:
+    if len(memo) >= _FAST_LIMIT:  # signatures that keep changing: start over rather than grow forever
+        memo.clear()
+    memo.add(key)
+
+
+# Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).
+_MISSING_META = {
+    aten.multi_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
+    aten.multilabel_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
+    **{
+        op: _new_values_meta(op)
+        for op in (
+            aten._fused_adam.tensor_lr,
+            aten._fused_adamw.default,
+            aten._fused_adamw.tensor_lr,
+            aten._fused_sgd.default,
+            aten._fused_sgd.tensor_lr,
+            aten._fused_adagrad.default,
+            aten._fused_adagrad.tensor_lr,
+            aten._amp_foreach_non_finite_check_and_unscale.default,
+            aten._amp_update_scale.default,
+        )
+    },
+}
+
+
+def _no_python_dispatch():
+    return torch._C._DisableTorchDispatch()
+
+
+def _build(spec, n, requires_grad=False):
+    if type(spec) is int:
+        return LazyTensor((n, spec), n.avals[spec])
+    if spec[0] == "const":
+        return spec[1]
+    return spec[0](_build(s, n) for s in spec[1])
+
+
+def _record_general(func, args, kwargs):
+    """Record ``func``; returns the outputs and, for the fast path's cache, how it was recorded."""
+    template, flat = _flatten(func, args, kwargs)
+    ckey = canonical(template)
+    spec, avals = _infer(func, template, ckey, flat, args, kwargs)
+    base = op_hash(func, ckey, flat.device)
+    random = RULES[func].random
+    out = _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base, random)
+    return out, (template, base, spec, avals, random)
+
+
+def _finish(func, inputs, template, avals, spec, device, base, random):
+    if random:
+        inputs += ((rng.next_key_leaf(device), 0),)
+    n = node(func, inputs, template, avals, device, base)
+    if _flags["explain_recompiles"]:
+        n.source = diagnostics.user_frame(2)
+    _counters["ops_recorded"] += 1
+    if type(spec) is int:
+        return LazyTensor((n, spec), avals[spec])
+    return _build(spec, n)
+
+
+# ---- the fast path: calls whose arguments are lazyxla tensors and plain constants ----
+#
+# Such a call is keyed by its signature (op, device, each tensor's aval, each constant, a mark for each
+# Python float that becomes a graph input); the first call of a signature goes the general way above
+# and leaves its template, hash and output avals here, so later calls skip flattening, canonical
+# templates and meta inference.
+
+_F64 = Aval((), torch.float64)
+_FLOAT_INPUT = ("float input",)
+_CONSTANT_TYPES = frozenset({type(None), str, torch.dtype, torch.layout, torch.memory_format, torch.device})
+_fast: dict = {}
+_FAST_LIMIT = 100_000
+
+
+def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
+    """Append ``a``'s signature (and input, if any); returns its device (-1 for none), None if unusual."""
+    t = type(a)
+    if t is LazyTensor:
+        inputs.append(a._value)
+        sig.append(a._aval)
+        return a._value[0].device
+    if t is float:
+        if scalar and a not in _CONST_FLOATS:
+            inputs.append((leaf(Leaf.SCALAR, a, _F64, -1), 0))
+            sig.append(_FLOAT_INPUT)
+        else:
+            sig.append((float, a, a == -1))
+        return -1
+    if t is int or t is bool:
+        sig.append((t, a, a == -1))
+        return -1
+    if t in _CONSTANT_TYPES:
+        sig.append(a)
+        return -1
+    if (t is list or t is tuple) and all(type(e) is int for e in a):
+        sig.append((t, tuple([(int, e, e == -1) for e in a])))
+        return -1
+    return None
+
+
+def _signature(func, args, kwargs, pos_scalar, kw_scalar):
+    sig: list = [id(func)]  # OpOverloads live forever; hashing one runs Python code, hashing an int does not
+    inputs: list = []
+    device = -1
+    for i, a in enumerate(args):
+        if type(a) is LazyTensor:  # the common case, inline
+            value = a._value
+            d = value[0].device
+            inputs.append(value)
+            sig.append(a._aval)
+        else:
+            d = _arg_signature(a, i < len(pos_scalar) and pos_scalar[i], sig, inputs)
+            if d is None:
+                return None
+        if d != -1:
+            if device == -1:
+                device = d
+            elif d != device:
+                return None
+    if kwargs:
+        for k in sorted(kwargs):
+            sig.append(k)
+            d = _arg_signature(kwargs[k], k in kw_scalar, sig, inputs)
+            if d is None or (d != -1 and device != -1 and d != device):
+                return None
+            if d != -1:
+                device = d
+    if device == -1:
+        return None  # no tensor argument: the general path finds the device
+    sig.append(device)
+    return tuple(sig), tuple(inputs), device
+
+
+# id(op) -> its Scalar positions and Scalar keyword names (``scalar_args``): one int-keyed lookup per op
+# instead of a cache lookup that hashes the OpOverload in Python.
+_scalars: dict = {}
+
+
+def _scalars_of(func) -> tuple:
+    scalars = _scalars[id(func)] = scalar_args(func)
+    return scalars
+
+
+def record(func, args, kwargs, scalars=None):
+    """Record ``func`` applied to ``args``/``kwargs`` as a new node; returns its LazyTensor output(s).
+
+    ``scalars`` is ``scalar_args(func)`` where the caller has it at hand (dispatch's route).
+    """
+    scalars = scalars or _scalars.get(id(func)) or _scalars_of(func)
+    found = _signature(func, args, kwargs, *scalars)
+    if found is not None:
+        sig, inputs, device = found
+        entry = _fast.get(sig)
+        if entry is not None:
+            template, base, spec, avals, random = entry
+            return _finish(func, inputs, template, avals, spec, device, base, random)
+    out, entry = _record_general(func, args, kwargs)
+    if found is not None:
+        if len(_fast) >= _FAST_LIMIT:  # shapes that keep changing: start over rather than grow forever
+            _fast.clear()
+        _fast[found[0]] = entry
+    return out
