@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -73,7 +72,7 @@ from lazyxla.collectives.ops import COLLECTIVE_OPS
 from lazyxla.config import config
 from lazyxla.lazy import diagnostics, metrics, rng
 from lazyxla.lazy.graph import plan_values
-from lazyxla.lazy.ir import IN, Leaf, canonical, leaf, node, op_hash
+from lazyxla.lazy.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
 from lazyxla.lazy.record import _from_cpu, status_of
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
 from lazyxla.lowering import to_jax
@@ -219,24 +218,6 @@ def _leaf_kind(n, placeholders: dict[int, int]) -> str:
     raise _NotOneOp(f"the graph reads a value that is not computed ({n!r})")
 
 
-def _digest(order, leaves, results, placeholders: dict[int, int], device: int) -> str:
-    """A name for the traced IR that is the same in every process (op reprs, canonical templates,
-    avals, wiring by position, the constant scalars' values)."""
-    names: dict[int, int] = {}
-    lines = [f"device {device}"]
-    for n in leaves:
-        names[id(n)] = len(names)
-        kind = _leaf_kind(n, placeholders)
-        extra = placeholders[id(n)] if kind == "input" else (repr(n.payload) if kind == "scalar" else "")
-        lines.append(f"{kind} {extra} {n.avals[0]}")
-    for n in order:
-        names[id(n)] = len(names)
-        wiring = [(names[id(m)], i) for m, i in n.inputs]
-        lines.append(f"{n.op} {canonical(n.template)!r} {wiring} {n.avals}")
-    lines.append(repr([(names[id(m)], i) for m, i in results]))
-    return hashlib.blake2b("\n".join(lines).encode(), digest_size=16).hexdigest()
-
-
 def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tuple[list, list]:
     """The graph's outputs (("value", k) | ("input", i) | ("const", x)) and the IR values it computed."""
     syncs = metrics.counters()["syncs"]
@@ -318,9 +299,10 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     arg_leaves += [n for n, k in zip(leaves, kinds) if k == "scalar"]
     position = {(id(m), i): k for k, (m, i) in enumerate(results)}
     outputs = [("result", position[(id(values[x][0]), values[x][1])]) if w == "value" else (w, x) for w, x in outputs]
-    digest = _digest(order, arg_leaves, results, placeholders, device)
+    # named by what the trace bakes in: its scalars' values, which leaf is which graph input, the device
+    name = digest(order, arg_leaves, results, extra=(device,), baked_scalars=True, inputs=placeholders, size=16)
     return _Trace(
-        digest=digest,
+        digest=name,
         order=order,
         leaves=arg_leaves,
         used=tuple(placeholders[id(n)] for n, k in zip(leaves, kinds) if k == "input"),

@@ -41,6 +41,7 @@ from lazyxla.collectives.training import atomic_write, remove_stale_temps
 from lazyxla.config import config, foreign_env, user_cache_root
 from lazyxla.device import distributed, runtime
 from lazyxla.lazy import metrics
+from lazyxla.lazy.ir import digest
 from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 
@@ -321,18 +322,10 @@ def _environment_digest() -> bytes:
     return hashlib.sha256(repr(_fingerprint()).encode()).digest()
 
 
-def _digest(order, leaves, roots, device, donated) -> str:
-    """The 256-bit name of a program on disk: the graph exactly (ops, constants, wiring) and its setting."""
-    index: dict[int, int] = {}
-    parts: list = [_fingerprint(), config.compile_key(), device, tuple(donated)]
-    for n in leaves:
-        index[id(n)] = len(index)
-        parts.append((n.op.value, n.avals))
-    for n in order:
-        index[id(n)] = len(index)
-        parts.append((str(n.op), n.template, n.avals, tuple([(index[id(m)], i) for m, i in n.inputs])))
-    parts.append(tuple([(index[id(m)], i) for m, i in roots]))
-    return hashlib.blake2b(repr(parts).encode(), digest_size=32).hexdigest()
+def _digest(order, leaves, roots, where, donated) -> str:
+    """The 256-bit name of a program on disk: the graph exactly (``ir.digest``: ops, constants, wiring,
+    leaves' kinds and avals) and its setting (environment, flags, device or layouts, donations)."""
+    return digest(order, leaves, roots, extra=(_fingerprint(), config.compile_key(), where, tuple(donated)))
 
 
 def _uid() -> int:
