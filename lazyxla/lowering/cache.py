@@ -34,6 +34,7 @@ import stat
 import warnings
 
 import jax
+import jaxlib
 import numpy as np
 
 from lazyxla.collectives.ops import COLLECTIVE_OPS
@@ -291,23 +292,89 @@ class _Unsafe(Exception):
     """The cache folder or its key could be written by someone else: not to be trusted."""
 
 
+# The code a cached executable depends on besides its graph, as paths in the lazyxla package (a folder ends in
+# "/"; the longest entry that matches a file decides): True for code that changes the programs built from a
+# graph -- the recording and the IR, decompositions and kernels that record ops, the lowering, the flags
+# (config.py declares which change output) -- and False for the rest. Entries are named under a digest of the
+# True files only, so editing a False one (the torch_xla layer, tools, launchers, loaders, diagnostics) keeps
+# every cached executable. A file no entry matches counts as True (a stale executable is worse than a
+# compile), and tests/test_persistent_cache.py requires every file to match an entry and every entry a file:
+# a new or moved file is a decision made here.
+PROGRAM_CODE: dict[str, bool] = {
+    "lazy/": True,  # recording, meta inference, decompositions, IR, RNG keys, sync's walk (argument order)
+    "lazy/check.py": False,  # raises PyTorch's errors at the call; records nothing
+    "lazy/diagnostics.py": False,
+    "lazy/metrics.py": False,
+    "lowering/": True,  # the rules, graph -> jax function, replica programs, how programs are lowered
+    "device/": True,  # dtype mapping, x64, devices, the device's kernels (factories, copies)
+    "device/__init__.py": False,
+    "device/distributed.py": False,  # ranks and the coordination service
+    "device/wire.py": False,
+    "collectives/": False,  # user-facing collectives, launch, process group, training helpers
+    "collectives/ops.py": True,  # the collective ops and ReduceOp, as their rules read them
+    "collectives/spmd.py": True,  # meshes and sharding constraints, as their rules read them
+    "_core.py": True,  # kernels that record functional forms (fused optimizers, out= variants)
+    "autocast.py": True,  # the casts autocast records
+    "dynamo.py": True,  # torch.compile traces, interpreted inside programs
+    "config.py": True,  # flags: defaults, and which ones change compiled output
+    "__init__.py": False,
+    "compat/": False,
+    "tools/": False,
+    "data.py": False,
+    "debug.py": False,
+    "metrics.py": False,
+    "profiler.py": False,
+    "regions.py": False,
+    "run.py": False,
+    "runtime.py": False,
+    "spmd.py": False,
+    "stablehlo.py": False,  # export lowers on its own, outside this cache
+}
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_entry(path: str) -> str | None:
+    """The ``PROGRAM_CODE`` entry that decides about ``path`` (relative to the package, "/"-separated)."""
+    matches = [e for e in PROGRAM_CODE if path == e or (e.endswith("/") and path.startswith(e))]
+    return max(matches, key=len, default=None)
+
+
+def package_files(package: str = _PACKAGE) -> list[str]:
+    """Every Python file of the package, relative and "/"-separated, sorted."""
+    found = []
+    for root, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(root, package).replace(os.sep, "/")
+        found += [name if rel == "." else f"{rel}/{name}" for name in files if name.endswith(".py")]
+    return sorted(found)
+
+
+def code_digest(package: str = _PACKAGE) -> str:
+    """A digest of the package's files that change programs (``PROGRAM_CODE``): part of every entry's
+    environment.
+
+    Example::
+
+        cache.code_digest()          # '3f1c...': changes with a lowering rule, not with compat/
+    """
+    code = hashlib.blake2b(digest_size=32)
+    for path in package_files(package):
+        entry = code_entry(path)
+        if entry is None or PROGRAM_CODE[entry]:
+            with open(os.path.join(package, path), "rb") as f:
+                code.update(path.encode() + b"\0" + f.read())
+    return code.hexdigest()
+
+
 def _fingerprint() -> tuple:
-    """What, besides the graph, decides the compiled program: lazyxla's code, jax/XLA's build, the device."""
+    """What, besides the graph, decides the compiled program: lazyxla's code that changes programs,
+    jax/XLA's build, the device."""
     global _environment
     if _environment is None:
-        import jaxlib
-
-        code = hashlib.blake2b(digest_size=32)
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for root, dirs, files in os.walk(package):
-            dirs.sort()
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    with open(os.path.join(root, name), "rb") as f:
-                        code.update(name.encode() + b"\0" + f.read())
         dev = runtime.local_devices()[0]
         _environment = (
-            code.hexdigest(),
+            code_digest(),
             jax.__version__,
             jaxlib.__version__,
             dev.platform,
