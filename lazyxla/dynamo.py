@@ -18,17 +18,18 @@ that have no lowering rule (what lazy mode would decompose). Each FX graph becom
 The first call for an input signature (the tensors' shapes and dtypes, the numbers' values) *traces*
 the FX graph through lazy mode itself: it runs on placeholder tensors, so every ATen op goes through
 the recorder (the same special cases, meta kernels, decompositions and rule table as lazy mode), and
-the IR it records, from the placeholders to the outputs, is kept as a ``_Trace``. Its jax function
-interprets those nodes with :func:`lazyxla.lowering.to_jax.apply` inside one ``jax.jit``.
+the IR it records, from the placeholders to the outputs, is registered with the op's lowering rule
+(``lazyxla/lowering/rules/compiled_graph.py``), which interprets those nodes with
+:func:`lazyxla.lowering.to_jax.apply` inside one ``jax.jit``.
 
 Every call (the first included) then records ONE node: the op ``torch.ops.lazyxla.compiled_graph(inputs,
 digest)``, whose inputs are the call's tensors, the trace's constant device arrays and one fresh RNG key
 per random op, and whose outputs are the graph's results (an output that is an input is returned as
 that input). Its lowering rule calls the trace's jitted function, so at ``lazyxla.sync()`` the forward,
 the backward, the optimizer step (lazy mode, outside the compiled function) and all else pending still
-become one XLA program, cached by graph key like any lazy step. The op's constant argument is a digest
-of the traced IR (ops, constant arguments, shapes, wiring, constant scalars), the same in every
-process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
+become one XLA program, cached by graph key like any lazy step. The op's constant argument is the traced IR's
+``ir.digest`` (ops, constant arguments, shapes, wiring; its scalars baked in, its inputs by number), the
+same in every process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
 call records no ATen op (``ops_recorded`` does not move); it counts ``dynamo_calls``.
 
 Inputs: Python floats inside a graph are its constants (Dynamo specializes on them) and are baked into
@@ -63,8 +64,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import torch
 import torch._decomp
 
@@ -75,28 +74,11 @@ from lazyxla.lazy.graph import plan_values
 from lazyxla.lazy.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
 from lazyxla.lazy.record import _from_cpu, status_of
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
-from lazyxla.lowering import to_jax
-from lazyxla.lowering.registry import RULES, lowers
+from lazyxla.lowering.registry import RULES
+from lazyxla.lowering.rules import compiled_graph
+from lazyxla.lowering.rules.compiled_graph import OP
 
 BACKEND = "lazyxla"
-
-# ---- the op a compiled graph call records --------------------------------------------------------------
-
-_lib = torch.library.Library("lazyxla", "FRAGMENT")
-_lib.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
-OP = torch.ops.lazyxla.compiled_graph.default
-
-_TRACES: dict[str, _Trace] = {}  # digest -> trace, for the lowering rule
-
-
-@lowers(OP)
-def _compiled_graph(ctx, inputs, graph):
-    """One call of a compiled FX graph: the trace's jitted jax function on the call's arrays."""
-    trace = _TRACES.get(graph)
-    if trace is None:
-        raise RuntimeError(f"lazyxla: no traced graph {graph} in this process (a torch.compile graph of another run?)")
-    return list(trace.jax_fn(ctx.axis, ctx.world)(*inputs))
-
 
 # ---- fakification of lazyxla tensors --------------------------------------------------------------------
 
@@ -162,48 +144,21 @@ class _NotOneOp(Exception):
 
 @dataclasses.dataclass
 class _Trace:
-    """An FX graph traced for one input signature: lazy IR from placeholder leaves to the outputs."""
+    """An FX graph traced for one input signature, as its calls record it (its IR is registered with the
+    op's rule, ``rules.compiled_graph``, under ``digest``)."""
 
     digest: str  # stable name of the traced IR: the op's constant argument, part of the node hash
-    order: list  # computation nodes, post-order
-    leaves: list  # every leaf the outputs depend on
     used: tuple[int, ...]  # graph inputs the outputs depend on (positions in the call's arguments)
     consts: list  # LazyTensors holding the constant device arrays the graph reads (kept: never donated)
     n_keys: int  # random ops: one fresh key each per call
-    results: list  # the values the op computes, (node, index)
     outputs: list  # per graph output: ("result", k) | ("input", i) | ("const", value)
     avals: tuple  # the op's output avals
     device: int
-    _fns: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.used) + len(self.consts) + self.n_keys
         self.template = ((tuple(IN[:n]), self.digest), ())
         self.base = op_hash(OP, canonical(self.template), self.device)  # the node hash's op part
-
-    def jax_fn(self, axis=None, world: int = 1) -> Callable:
-        """The jitted jax function: arrays of (used inputs, constants, keys) -> the results' arrays."""
-        fn = self._fns.get((axis, world))
-        if fn is None:
-            fn = self._fns[(axis, world)] = jax.jit(functools.partial(self._interpret, axis, world))
-        return fn
-
-    def _interpret(self, axis, world, *arrays):
-        env: dict[int, Any] = {}
-        k = 0
-        for n in self.leaves:  # leaves in the order of ``_arg_leaves``
-            if n.op is Leaf.SCALAR:
-                continue
-            env[id(n)] = (arrays[k],)
-            k += 1
-        for n in self.order:
-            if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
-                dt = to_jax._scalar_dtype(n)
-                ins = [jnp.asarray(m.payload, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
-            else:
-                ins = [env[id(m)][i] for m, i in n.inputs]
-            env[id(n)] = to_jax.apply(n, ins, axis, world)
-        return tuple(env[id(m)][i] for m, i in self.results)
 
 
 def _leaf_kind(n, placeholders: dict[int, int]) -> str:
@@ -301,14 +256,12 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     outputs = [("result", position[(id(values[x][0]), values[x][1])]) if w == "value" else (w, x) for w, x in outputs]
     # named by what the trace bakes in: its scalars' values, which leaf is which graph input, the device
     name = digest(order, arg_leaves, results, extra=(device,), baked_scalars=True, inputs=placeholders, size=16)
+    compiled_graph.register(name, order, arg_leaves, results)
     return _Trace(
         digest=name,
-        order=order,
-        leaves=arg_leaves,
         used=tuple(placeholders[id(n)] for n, k in zip(leaves, kinds) if k == "input"),
         consts=[LazyTensor((n, 0), n.avals[0]) for n, k in zip(leaves, kinds) if k == "const"],
         n_keys=kinds.count("key"),
-        results=results,
         outputs=outputs,
         avals=tuple(m.avals[i] for m, i in results),
         device=device,
@@ -424,7 +377,6 @@ class CompiledGraph:
             metrics.inc("dynamo_op_by_op_graphs")
             return str(e)
         metrics.inc("dynamo_traces")
-        _TRACES[trace.digest] = trace
         return trace
 
     def _record(self, trace: _Trace, lazies: list[LazyTensor], device: int) -> list:

@@ -3,6 +3,7 @@
 from lazyxla.lowering.rules import (  # noqa: F401
     attention,
     collective,
+    compiled_graph,
     core,
     fft,
     indexing,
