@@ -9,6 +9,11 @@ Hashes are also the same in every process (``stable_hash``; Python's own ``hash(
 dtypes and ``None`` changes from process to process): a sync orders a program's arguments and results
 by them, so every process, and every host of a multi-host run, builds the same program text, which
 is what JAX's persistent compilation cache is keyed on.
+
+A recorded graph as a whole is named by ``digest``, the one description of a program that every
+caller hashes: the disk cache's entry names, the ``torch.compile`` backend's traced graphs and the
+multi-process SPMD check (each adding its own fields). The in-memory compile cache keys on the roots'
+hashes instead, which costs O(roots).
 """
 
 from __future__ import annotations
@@ -114,6 +119,15 @@ def canonical(x: Any) -> Any:
     return x
 
 
+def _blake2b(parts: Any, size: int) -> bytes:
+    """``size`` bytes of blake2b over ``repr(parts)``: the one encoding every hash and digest here uses.
+
+    ``repr`` is the same in every process for what IR nodes hold (ops, numbers, strings, dtypes, devices,
+    ``Aval``, ``In``, ``Leaf``, tuples of them) and tells apart ``1``, ``1.0`` and ``True``.
+    """
+    return hashlib.blake2b(repr(parts).encode(), digest_size=size).digest()
+
+
 def stable_hash(*parts: Any) -> int:
     """A 64-bit hash of ``parts`` (through their ``repr``) that is the same in every process.
 
@@ -121,7 +135,7 @@ def stable_hash(*parts: Any) -> int:
         >>> stable_hash(torch.ops.aten.sin.default, 0) == stable_hash(torch.ops.aten.sin.default, 0)
         True
     """
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little", signed=True)
+    return int.from_bytes(_blake2b(parts, 8), "little", signed=True)
 
 
 _bases: dict = {}
@@ -149,3 +163,83 @@ def node(op, inputs: tuple, template: Any, avals: tuple, device: int, base: int)
 
 def leaf(kind: Leaf, payload: Any, aval: Aval, device: int) -> Node:
     return Node(kind, (), None, (aval,), op_hash(kind, aval, device), payload, device)
+
+
+# ---- the digest of a recorded graph ------------------------------------------------------------------
+
+
+def wiring(order: list, leaves: list, roots: list = ()) -> tuple[list[tuple], tuple]:
+    """A walked graph's edges by position: each node's inputs, and the roots, as ``(position, output)``
+    pairs, where the leaves are numbered first, then the nodes of ``order`` (post-order).
+
+    Positions, not identities, are what two recordings of one program have in common; they also say
+    which values are shared. Every description of a graph (its digest, ``diagnostics.signature``, the
+    IR dump) numbers it this way.
+
+    Example:
+        >>> x = leaf(Leaf.DATA, None, Aval((2,), torch.float32), 0)
+        >>> y = node(torch.ops.aten.mul.Tensor, ((x, 0), (x, 0)), ((IN[0], IN[1]), ()), x.avals, 0, 0)
+        >>> wiring([y], [x], [(y, 0)])
+        ([((0, 0), (0, 0))], ((1, 0),))
+    """
+    index = {id(n): k for k, n in enumerate(leaves)}
+    edges = []
+    for n in order:
+        edges.append(tuple([(index[id(m)], i) for m, i in n.inputs]))
+        index[id(n)] = len(index)
+    return edges, tuple([(index[id(m)], i) for m, i in roots])
+
+
+def digest(
+    order: list | None,
+    leaves: list,
+    roots: list,
+    *,
+    extra: tuple = (),
+    baked_scalars: bool = False,
+    inputs: dict[int, int] | None = None,
+    size: int = 32,
+) -> str:
+    """The name of a recorded graph, the same in every process: ``size`` bytes of blake2b, in hex.
+
+    It covers, in this order:
+
+    - ``extra``: the caller's own fields (device, flags, donations, input layouts, lazyxla's code...);
+    - each leaf: its kind and aval, never its contents. A scalar leaf is an input of the program
+      (DESIGN.md decision 4) unless ``baked_scalars``: then its value is a constant of the program and
+      part of the name (a ``torch.compile`` trace). ``inputs`` maps leaves (by ``id``) that stand for the
+      caller's numbered inputs (a trace's placeholders) to their numbers, which name them instead;
+    - each node of ``order``: its op, non-tensor arguments (the template), output avals, and inputs as
+      positions (``wiring``), which fixes the sharing;
+    - the roots, as positions.
+
+    ``order=None`` names the nodes by the roots' structural hashes instead of walking them: O(roots),
+    as the hashes are fixed at creation (DESIGN.md decision 5), for checks run at every sync. Those
+    hashes are 64 bits and can collide, so names of executables walk the nodes.
+
+    Example:
+        >>> x = leaf(Leaf.DATA, None, Aval((2,), torch.float32), 0)
+        >>> base = op_hash(torch.ops.aten.sin.default, ((IN[0],), ()), 0)
+        >>> y = node(torch.ops.aten.sin.default, ((x, 0),), ((IN[0],), ()), x.avals, 0, base)
+        >>> digest([y], [x], [(y, 0)], extra=("device 0",)) == digest([y], [x], [(y, 0)], extra=("device 0",))
+        True
+        >>> len(digest(None, [x], [(y, 0)], size=8))
+        16
+    """
+    parts: list = [extra]
+    for n in leaves:
+        k = inputs.get(id(n)) if inputs else None
+        if k is not None:
+            parts.append(("input", k, n.avals[0]))
+        elif baked_scalars and n.op is Leaf.SCALAR:
+            parts.append((n.op.value, n.avals[0], n.payload))
+        else:
+            parts.append((n.op.value, n.avals[0]))
+    if order is None:
+        parts.append(tuple([(m.hash, i) for m, i in roots]))
+        return _blake2b(parts, size).hex()
+    edges, outs = wiring(order, leaves, roots)
+    for n, ins in zip(order, edges):
+        parts.append((n.op, n.template, n.avals, ins))
+    parts.append(outs)
+    return _blake2b(parts, size).hex()

@@ -19,6 +19,7 @@ from torch import nn
 
 import lazyxla
 from lazyxla.frontend import dynamo
+from lazyxla.lowering.rules import compiled_graph
 from tests.models import CNN, GPT, MLP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,12 +82,12 @@ def test_inference_equals_eager_and_records_one_op_per_call(dev):
     assert calls == [1, 1, 1]
     assert _count("dynamo_graphs") == 1 and _count("dynamo_traces") == 1
     # the op is named by a digest of the traced graph: compiling again gives the same name
-    names = set(dynamo._TRACES)
+    names = set(compiled_graph.GRAPHS)
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(copy.deepcopy(model).to(dev), backend="lazyxla")(xd)
     lazyxla.sync()
-    assert set(dynamo._TRACES) == names
+    assert set(compiled_graph.GRAPHS) == names
 
 
 def test_gpt_trains_like_eager_and_compiles_once(dev):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -466,3 +467,31 @@ def test_graph_hashes_are_the_same_in_every_process():
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs.add(proc.stdout.strip().splitlines()[-1])
     assert len(outs) == 1, outs
+
+
+def _edit(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# an edit\n")
+
+
+def test_the_code_digest_covers_program_code_only(tmp_path):
+    """Editing the torch_xla layer (or tools, launchers, diagnostics) keeps every cached executable;
+    editing a lowering rule does not."""
+    package = tmp_path / "lazyxla"
+    shutil.copytree(ROOT / "lazyxla", package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cache.code_digest(str(package))
+    assert before == cache.code_digest()  # named by paths inside the package, wherever it lies
+    _edit(package / "compat" / "torch_xla" / "core" / "xla_model.py")
+    _edit(package / "tools" / "coverage.py")
+    _edit(package / "observe" / "diagnostics.py")
+    assert cache.code_digest(str(package)) == before
+    _edit(package / "lowering" / "rules" / "pointwise.py")
+    assert cache.code_digest(str(package)) != before
+
+
+def test_every_file_of_the_package_is_declared_program_code_or_not():
+    """A new or moved file must be a decision in ``cache.PROGRAM_CODE``, and no entry may name a file that
+    is gone (after a move, it would leave the moved code out of the digest or in it by accident)."""
+    files = cache.package_files()
+    assert "lowering/rules/pointwise.py" in files
+    assert [f for f in files if cache.code_entry(f) is None] == []
+    assert [e for e in cache.PROGRAM_CODE if not any(cache.code_entry(f) == e for f in files)] == []

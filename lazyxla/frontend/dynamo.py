@@ -18,17 +18,18 @@ that have no lowering rule (what lazy mode would decompose). Each FX graph becom
 The first call for an input signature (the tensors' shapes and dtypes, the numbers' values) *traces*
 the FX graph through lazy mode itself: it runs on placeholder tensors, so every ATen op goes through
 the recorder (the same special cases, meta kernels, decompositions and rule table as lazy mode), and
-the IR it records, from the placeholders to the outputs, is kept as a ``_Trace``. Its jax function
-interprets those nodes with :func:`lazyxla.lowering.to_jax.apply` inside one ``jax.jit``.
+the IR it records, from the placeholders to the outputs, is registered with the op's lowering rule
+(``lazyxla/lowering/rules/compiled_graph.py``), which interprets those nodes with
+:func:`lazyxla.lowering.to_jax.apply` inside one ``jax.jit``.
 
 Every call (the first included) then records ONE node: the op ``torch.ops.lazyxla.compiled_graph(inputs,
 digest)``, whose inputs are the call's tensors, the trace's constant device arrays and one fresh RNG key
 per random op, and whose outputs are the graph's results (an output that is an input is returned as
 that input). Its lowering rule calls the trace's jitted function, so at ``lazyxla.sync()`` the forward,
 the backward, the optimizer step (lazy mode, outside the compiled function) and all else pending still
-become one XLA program, cached by graph key like any lazy step. The op's constant argument is a digest
-of the traced IR (ops, constant arguments, shapes, wiring, constant scalars), the same in every
-process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
+become one XLA program, cached by graph key like any lazy step. The op's constant argument is the traced IR's
+``ir.digest`` (ops, constant arguments, shapes, wiring; its scalars baked in, its inputs by number), the
+same in every process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
 call records no ATen op (``ops_recorded`` does not move); it counts ``dynamo_calls``.
 
 Inputs: Python floats inside a graph are its constants (Dynamo specializes on them) and are baked into
@@ -56,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -64,42 +64,25 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import torch
 import torch._decomp
 from torch._subclasses import meta_utils
 
 from lazyxla.config import config
-from lazyxla.ir import IN, Leaf, canonical, leaf, node, op_hash
+from lazyxla.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
 from lazyxla.lazy import rng
 from lazyxla.lazy.graph import plan_values
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
-from lazyxla.lowering import to_jax
-from lazyxla.lowering.registry import RULES, lowers
+from lazyxla.lowering.registry import RULES
+from lazyxla.lowering.rules import compiled_graph
+from lazyxla.lowering.rules.compiled_graph import OP
 from lazyxla.observe import diagnostics, metrics
-from lazyxla.ops import COLLECTIVE_OPS, ops
+from lazyxla.ops import COLLECTIVE_OPS
 from lazyxla.util import warn_once
 
 BACKEND = "lazyxla"
-
-# ---- the op a compiled graph call records --------------------------------------------------------------
-
-OP = ops.compiled_graph.default  # declared in lazyxla/ops.py
-
-_TRACES: dict[str, _Trace] = {}  # digest -> trace, for the lowering rule
-
-
-@lowers(OP)
-def _compiled_graph(ctx, inputs, graph):
-    """One call of a compiled FX graph: the trace's jitted jax function on the call's arrays."""
-    trace = _TRACES.get(graph)
-    if trace is None:
-        raise RuntimeError(f"lazyxla: no traced graph {graph} in this process (a torch.compile graph of another run?)")
-    return list(trace.jax_fn(ctx.axis, ctx.world)(*inputs))
-
 
 # ---- fakification of lazyxla tensors --------------------------------------------------------------------
 
@@ -163,48 +146,21 @@ class _NotOneOp(Exception):
 
 @dataclasses.dataclass
 class _Trace:
-    """An FX graph traced for one input signature: lazy IR from placeholder leaves to the outputs."""
+    """An FX graph traced for one input signature, as its calls record it (its IR is registered with the
+    op's rule, ``rules.compiled_graph``, under ``digest``)."""
 
     digest: str  # stable name of the traced IR: the op's constant argument, part of the node hash
-    order: list  # computation nodes, post-order
-    leaves: list  # every leaf the outputs depend on
     used: tuple[int, ...]  # graph inputs the outputs depend on (positions in the call's arguments)
     consts: list  # LazyTensors holding the constant device arrays the graph reads (kept: never donated)
     n_keys: int  # random ops: one fresh key each per call
-    results: list  # the values the op computes, (node, index)
     outputs: list  # per graph output: ("result", k) | ("input", i) | ("const", value)
     avals: tuple  # the op's output avals
     device: int
-    _fns: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.used) + len(self.consts) + self.n_keys
         self.template = ((tuple(IN[:n]), self.digest), ())
         self.base = op_hash(OP, canonical(self.template), self.device)  # the node hash's op part
-
-    def jax_fn(self, axis=None, world: int = 1) -> Callable:
-        """The jitted jax function: arrays of (used inputs, constants, keys) -> the results' arrays."""
-        fn = self._fns.get((axis, world))
-        if fn is None:
-            fn = self._fns[(axis, world)] = jax.jit(functools.partial(self._interpret, axis, world))
-        return fn
-
-    def _interpret(self, axis, world, *arrays):
-        env: dict[int, Any] = {}
-        k = 0
-        for n in self.leaves:  # leaves in the order of ``_arg_leaves``
-            if n.op is Leaf.SCALAR:
-                continue
-            env[id(n)] = (arrays[k],)
-            k += 1
-        for n in self.order:
-            if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
-                dt = to_jax._scalar_dtype(n)
-                ins = [jnp.asarray(m.payload, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
-            else:
-                ins = [env[id(m)][i] for m, i in n.inputs]
-            env[id(n)] = to_jax.apply(n, ins, axis, world)
-        return tuple(env[id(m)][i] for m, i in self.results)
 
 
 def _leaf_kind(n, placeholders: dict[int, int]) -> str:
@@ -217,24 +173,6 @@ def _leaf_kind(n, placeholders: dict[int, int]) -> str:
     if n.op is Leaf.DATA and n.payload is not None:
         return "const"
     raise _NotOneOp(f"the graph reads a value that is not computed ({n!r})")
-
-
-def _digest(order, leaves, results, placeholders: dict[int, int], device: int) -> str:
-    """A name for the traced IR that is the same in every process (op reprs, canonical templates,
-    avals, wiring by position, the constant scalars' values)."""
-    names: dict[int, int] = {}
-    lines = [f"device {device}"]
-    for n in leaves:
-        names[id(n)] = len(names)
-        kind = _leaf_kind(n, placeholders)
-        extra = placeholders[id(n)] if kind == "input" else (repr(n.payload) if kind == "scalar" else "")
-        lines.append(f"{kind} {extra} {n.avals[0]}")
-    for n in order:
-        names[id(n)] = len(names)
-        wiring = [(names[id(m)], i) for m, i in n.inputs]
-        lines.append(f"{n.op} {canonical(n.template)!r} {wiring} {n.avals}")
-    lines.append(repr([(names[id(m)], i) for m, i in results]))
-    return hashlib.blake2b("\n".join(lines).encode(), digest_size=16).hexdigest()
 
 
 def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tuple[list, list]:
@@ -318,15 +256,14 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     arg_leaves += [n for n, k in zip(leaves, kinds) if k == "scalar"]
     position = {(id(m), i): k for k, (m, i) in enumerate(results)}
     outputs = [("result", position[(id(values[x][0]), values[x][1])]) if w == "value" else (w, x) for w, x in outputs]
-    digest = _digest(order, arg_leaves, results, placeholders, device)
+    # named by what the trace bakes in: its scalars' values, which leaf is which graph input, the device
+    name = digest(order, arg_leaves, results, extra=(device,), baked_scalars=True, inputs=placeholders, size=16)
+    compiled_graph.register(name, order, arg_leaves, results)
     return _Trace(
-        digest=digest,
-        order=order,
-        leaves=arg_leaves,
+        digest=name,
         used=tuple(placeholders[id(n)] for n, k in zip(leaves, kinds) if k == "input"),
         consts=[LazyTensor((n, 0), n.avals[0]) for n, k in zip(leaves, kinds) if k == "const"],
         n_keys=kinds.count("key"),
-        results=results,
         outputs=outputs,
         avals=tuple(m.avals[i] for m, i in results),
         device=device,
@@ -442,7 +379,6 @@ class CompiledGraph:
             metrics.inc("dynamo_op_by_op_graphs")
             return str(e)
         metrics.inc("dynamo_traces")
-        _TRACES[trace.digest] = trace
         return trace
 
     def _record(self, trace: _Trace, lazies: list[LazyTensor], device: int) -> list:

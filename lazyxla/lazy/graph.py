@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import math
 import os
 import time
@@ -14,7 +13,7 @@ from lazyxla.device import devices
 from lazyxla.device import processes as distributed  # the name _check_same_program used before the move
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
-from lazyxla.ir import Leaf, leaf, raise_if_error
+from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
@@ -182,9 +181,7 @@ def _check_same_program(roots, leaves, site: str) -> None:
     """Multi-process SPMD: every process must run this program now (``config.spmd_check_programs``)."""
     if distributed.process_count() == 1:
         return
-    program = hashlib.blake2b(
-        repr(([(m.hash, i) for m, i in roots], [n.avals[0] for n in leaves])).encode(), digest_size=8
-    ).hexdigest()
+    program = digest(None, leaves, roots, size=8)  # by the roots' hashes: O(roots), at every sync
     try:
         seen = distributed.rendezvous("spmd program", f"{program} {site}".encode())
     except distributed.DistributedError as e:
@@ -228,22 +225,19 @@ def _dump(key, order, leaves, roots, device) -> None:
 
 def ir_text(order, leaves, roots) -> str:
     """The lazy IR of a graph, one node per line (leaves first, with the recording line if kept)."""
-    names: dict[int, str] = {}
-    lines = []
+    nodes = [*leaves, *order]
+    edges, outs = wiring(order, leaves, roots)
 
-    def ref(m, i):
-        return names[id(m)] + (f"[{i}]" if len(m.avals) > 1 else "")
+    def ref(k, i):
+        return f"%{k}" + (f"[{i}]" if len(nodes[k].avals) > 1 else "")
 
-    for n in leaves:
-        names[id(n)] = f"%{len(names)}"
-        lines.append(f"{names[id(n)]} = {n.op.value} {list(n.avals[0].shape)} {n.avals[0].dtype}")
-    for n in order:
-        names[id(n)] = f"%{len(names)}"
-        args = ", ".join(ref(m, i) for m, i in n.inputs)
-        outs = ", ".join(f"{list(a.shape)} {a.dtype}" for a in n.avals)
+    lines = [f"%{k} = {n.op.value} {list(n.avals[0].shape)} {n.avals[0].dtype}" for k, n in enumerate(leaves)]
+    for k, (n, ins) in enumerate(zip(order, edges), len(leaves)):
+        args = ", ".join(ref(p, i) for p, i in ins)
+        outputs = ", ".join(f"{list(a.shape)} {a.dtype}" for a in n.avals)
         where = f"  # {n.source}" if n.source else ""
-        lines.append(f"{names[id(n)]} = {n.op}({args}) -> {outs}{where}")
-    lines.append("return " + ", ".join(ref(m, i) for m, i in roots))
+        lines.append(f"%{k} = {n.op}({args}) -> {outputs}{where}")
+    lines.append("return " + ", ".join(ref(p, i) for p, i in outs))
     return "\n".join(lines)
 
 

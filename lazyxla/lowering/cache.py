@@ -40,6 +40,7 @@ from jax.experimental import serialize_executable
 from lazyxla.config import config, foreign_env, user_cache_root
 from lazyxla.device import devices, processes
 from lazyxla.device.meshes import layouts
+from lazyxla.ir import digest
 from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import metrics
@@ -315,21 +316,95 @@ class _Unsafe(Exception):
     """The cache folder or its key could be written by someone else: not to be trusted."""
 
 
+# The code a cached executable depends on besides its graph, as paths in the lazyxla package (a folder ends in
+# "/"; the longest entry that matches a file decides): True for code that changes the programs built from a
+# graph -- the recording and the IR, decompositions and kernels that record ops, the lowering, the flags
+# (config.py declares which change output) -- and False for the rest. Entries are named under a digest of the
+# True files only, so editing a False one (the torch_xla layer, tools, launchers, loaders, diagnostics) keeps
+# every cached executable. A file no entry matches counts as True (a stale executable is worse than a
+# compile), and tests/test_persistent_cache.py requires every file to match an entry and every entry a file:
+# a new or moved file is a decision made here.
+PROGRAM_CODE: dict[str, bool] = {
+    "config.py": True,  # flags: defaults, and which ones change compiled output
+    "ir.py": True,  # the IR, its hashes and the graph digest that names entries
+    "ops.py": True,  # the lazyxla op schemas and ReduceOp, as their rules read them
+    "util.py": False,  # atomic writes, warn-once
+    "observe/": False,  # metrics, diagnostics, profiler phases
+    "device/": True,  # dtype mapping, x64, devices and transfers, meshes and canonical layouts
+    "device/__init__.py": False,
+    "device/processes.py": False,  # ranks and the coordination service
+    "device/wire.py": False,
+    "lowering/": True,  # the rules, graph -> jax function, replica programs, how programs are lowered
+    "lazy/": True,  # recording, meta inference, decompositions, RNG keys, sync's walk (argument order)
+    "lazy/check.py": False,  # raises PyTorch's errors at the call; records nothing
+    "lazy/regions.py": False,
+    "frontend/": True,  # device kernels that record functional forms, autocast's casts, torch.compile traces
+    "frontend/export.py": False,  # export lowers on its own, outside this cache
+    "parallel/": False,  # user-facing collectives, SPMD annotations, launch, process group, training, loader
+    "compat/": False,
+    "tools/": False,
+    # public faces and deprecated aliases
+    "__init__.py": False,
+    "autocast/": False,
+    "collectives.py": False,
+    "data/": False,
+    "debug.py": False,
+    "device/distributed/": False,
+    "device/runtime/": False,
+    "dynamo/": False,
+    "metrics.py": False,
+    "profiler/": False,
+    "regions/": False,
+    "run.py": False,
+    "runtime.py": False,
+    "spmd.py": False,
+    "stablehlo/": False,
+}
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_entry(path: str) -> str | None:
+    """The ``PROGRAM_CODE`` entry that decides about ``path`` (relative to the package, "/"-separated)."""
+    matches = [e for e in PROGRAM_CODE if path == e or (e.endswith("/") and path.startswith(e))]
+    return max(matches, key=len, default=None)
+
+
+def package_files(package: str = _PACKAGE) -> list[str]:
+    """Every Python file of the package, relative and "/"-separated, sorted."""
+    found = []
+    for root, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(root, package).replace(os.sep, "/")
+        found += [name if rel == "." else f"{rel}/{name}" for name in files if name.endswith(".py")]
+    return sorted(found)
+
+
+def code_digest(package: str = _PACKAGE) -> str:
+    """A digest of the package's files that change programs (``PROGRAM_CODE``): part of every entry's
+    environment.
+
+    Example::
+
+        cache.code_digest()          # '3f1c...': changes with a lowering rule, not with compat/
+    """
+    code = hashlib.blake2b(digest_size=32)
+    for path in package_files(package):
+        entry = code_entry(path)
+        if entry is None or PROGRAM_CODE[entry]:
+            with open(os.path.join(package, path), "rb") as f:
+                code.update(path.encode() + b"\0" + f.read())
+    return code.hexdigest()
+
+
 def _fingerprint() -> tuple:
-    """What, besides the graph, decides the compiled program: lazyxla's code, jax/XLA's build, the device."""
+    """What, besides the graph, decides the compiled program: lazyxla's code that changes programs,
+    jax/XLA's build, the device."""
     global _environment
     if _environment is None:
-        code = hashlib.blake2b(digest_size=32)
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for root, dirs, files in os.walk(package):
-            dirs.sort()
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    with open(os.path.join(root, name), "rb") as f:
-                        code.update(name.encode() + b"\0" + f.read())
         dev = devices.local_devices()[0]
         _environment = (
-            code.hexdigest(),
+            code_digest(),
             jax.__version__,
             jaxlib.__version__,
             dev.platform,
@@ -344,18 +419,10 @@ def _environment_digest() -> bytes:
     return hashlib.sha256(repr(_fingerprint()).encode()).digest()
 
 
-def _digest(order, leaves, roots, device, donated) -> str:
-    """The 256-bit name of a program on disk: the graph exactly (ops, constants, wiring) and its setting."""
-    index: dict[int, int] = {}
-    parts: list = [_fingerprint(), config.compile_key(), device, tuple(donated)]
-    for n in leaves:
-        index[id(n)] = len(index)
-        parts.append((n.op.value, n.avals))
-    for n in order:
-        index[id(n)] = len(index)
-        parts.append((str(n.op), n.template, n.avals, tuple([(index[id(m)], i) for m, i in n.inputs])))
-    parts.append(tuple([(index[id(m)], i) for m, i in roots]))
-    return hashlib.blake2b(repr(parts).encode(), digest_size=32).hexdigest()
+def _digest(order, leaves, roots, where, donated) -> str:
+    """The 256-bit name of a program on disk: the graph exactly (``ir.digest``: ops, constants, wiring,
+    leaves' kinds and avals) and its setting (environment, flags, device or layouts, donations)."""
+    return digest(order, leaves, roots, extra=(_fingerprint(), config.compile_key(), where, tuple(donated)))
 
 
 def _uid() -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lazyxla.ir import In
+from lazyxla.ir import In, wiring
 
 log = logging.getLogger("lazyxla")
 
@@ -85,16 +85,13 @@ class OpSig:
 
 
 def signature(order, leaves) -> list[OpSig]:
-    """A comparable description of a graph: its leaves, then its nodes in post-order."""
-    index = {}
+    """A comparable description of a graph: its leaves, then its nodes in post-order, wired by position as
+    ``ir.digest`` describes it (``ir.wiring``), laid out for ``diff`` to say what changed."""
     sig = []
     for n in leaves:
-        index[id(n)] = len(index)
         a = n.avals[0]
         sig.append(OpSig(f"<{n.op.value}>", "", (), (), ((tuple(a.shape), str(a.dtype)),)))
-    for n in order:
-        index[id(n)] = len(index)
-        args = tuple((index[id(m)], i) for m, i in n.inputs)
+    for n, args in zip(order, wiring(order, leaves)[0]):
         ins = tuple((tuple(m.avals[i].shape), str(m.avals[i].dtype)) for m, i in n.inputs)
         outs = tuple((tuple(a.shape), str(a.dtype)) for a in n.avals)
         values = _constants(n.template)

@@ -4,6 +4,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     activation,
     attention,
     collective,
+    compiled_graph,
     conv_pool,
     core,
     distance,
