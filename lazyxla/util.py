@@ -184,7 +184,7 @@ def moved_module(old: str, module, use: str) -> None:
 
     Example::
 
-        moved_module(__name__, autocast, "lazyxla.frontend.autocast")    # in lazyxla/autocast/__init__.py
+        moved_module(__name__, autocast, "lazyxla.frontend.autocast")    # in lazyxla/autocast.py
     """
     warn_once("moved:" + old, f"{old} is deprecated: use {use}", DeprecationWarning, stacklevel=3)
     sys.modules[old] = module

@@ -9,8 +9,7 @@ import os
 import time
 
 from lazyxla.config import config
-from lazyxla.device import devices
-from lazyxla.device import processes as distributed  # the name _check_same_program used before the move
+from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
@@ -179,22 +178,22 @@ def _failed_while_running(tensors, order, leaves, compiled, error: BaseException
 
 def _check_same_program(roots, leaves, site: str) -> None:
     """Multi-process SPMD: every process must run this program now (``config.spmd_check_programs``)."""
-    if distributed.process_count() == 1:
+    if processes.process_count() == 1:
         return
     program = digest(None, leaves, roots, size=8)  # by the roots' hashes: O(roots), at every sync
     try:
-        seen = distributed.rendezvous("spmd program", f"{program} {site}".encode())
-    except distributed.DistributedError as e:
-        raise distributed.DistributedError(
+        seen = processes.rendezvous("spmd program", f"{program} {site}".encode())
+    except processes.DistributedError as e:
+        raise processes.DistributedError(
             f"lazyxla SPMD: this process is about to run a program ({site}) that another process did not reach "
             f"within {config.distributed_timeout_s} s. In multi-process SPMD every process runs every program: "
             "read values (.item(), print) on every process, not on the master only, and sync at the same places"
         ) from e
-    mine = distributed.process_index()
+    mine = processes.process_index()
     others = [(i, p.decode().split(" ", 1)) for i, p in enumerate(seen)]
     if any(prog != program for _, (prog, _) in others):
         where = "; ".join(f"process {i}: {w}" for i, (_, w) in others)
-        raise distributed.DistributedError(
+        raise processes.DistributedError(
             f"lazyxla SPMD: the processes are about to run different programs ({where}); this is process {mine}. "
             "In multi-process SPMD every process runs the same programs: record the same ops and read values "
             "(.item(), print) on every process, not on the master only"

@@ -345,20 +345,20 @@ PROGRAM_CODE: dict[str, bool] = {
     "tools/": False,
     # public faces and deprecated aliases
     "__init__.py": False,
-    "autocast/": False,
+    "autocast.py": False,
     "collectives.py": False,
-    "data/": False,
+    "data.py": False,
     "debug.py": False,
-    "device/distributed/": False,
-    "device/runtime/": False,
-    "dynamo/": False,
+    "device/distributed.py": False,
+    "device/runtime.py": False,
+    "dynamo.py": False,
     "metrics.py": False,
-    "profiler/": False,
-    "regions/": False,
+    "profiler.py": False,
+    "regions.py": False,
     "run.py": False,
     "runtime.py": False,
     "spmd.py": False,
-    "stablehlo/": False,
+    "stablehlo.py": False,
 }
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
