@@ -333,6 +333,11 @@ PROGRAM_CODE: dict[str, bool] = {
     "ir.py": True,  # the IR, its hashes and the graph digest that names entries
     "ops.py": True,  # the lazyxla op schemas and ReduceOp, as their rules read them
     "util.py": False,  # atomic writes, warn-once
+    # Private PyTorch/jax names, bound once. Mostly aliases, but their helpers decide program content: the
+    # dtype pointwise rules compute in, which decompositions lazy mode records (torch_private); the HLO form
+    # of a sharding that canonical layouts, part of a program's key, are made of (jax_private).
+    "torch_private.py": True,
+    "jax_private.py": True,
     "observe/": False,  # metrics, diagnostics, profiler phases
     "device/": True,  # dtype mapping, x64, devices and transfers, meshes and canonical layouts
     "device/__init__.py": False,
