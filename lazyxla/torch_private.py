@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -253,5 +254,6 @@ def work_from_future(future) -> object:
 
 def has_rendezvous_handler(scheme: str) -> bool:
     """Whether ``torch.distributed`` has a rendezvous handler for ``scheme://`` (torch_xla's ``xla://``).
-    Read at the call: ``torch.distributed.rendezvous`` is loaded by its caller."""
-    return scheme in torch.distributed.rendezvous._rendezvous_handlers
+    Read at the call: a torch built without distributed has no such module."""
+    # (the module by its name: the attribute torch.distributed.rendezvous is a function of the same name)
+    return scheme in importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
