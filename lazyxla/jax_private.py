@@ -25,27 +25,13 @@ import operator
 
 import jax
 
+from lazyxla.util import require_version
+
 SUPPORTED_JAX = ((0, 10), (0, 12))  # inclusive range of major.minor (pyproject.toml); checked on 0.10.2
 
-
-def check_jax_version(version: str = jax.__version__) -> None:
-    """Raise ``ImportError`` unless ``version`` is in ``SUPPORTED_JAX``.
-
-    Example::
-
-        >>> check_jax_version("0.9.0")
-        ImportError: lazyxla supports jax 0.10 to 0.12, but jax 0.9.0 is installed; ...
-    """
-    major, minor = (int(p) for p in version.split(".")[:2])
-    lo, hi = SUPPORTED_JAX
-    if not lo <= (major, minor) <= hi:
-        raise ImportError(
-            f"lazyxla supports jax {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but jax {version} is installed; "
-            f"install a supported release, e.g. pip install 'jax[cpu]=={lo[0]}.{lo[1]}.*'"
-        )
-
-
-check_jax_version()  # before any private name below is read
+# raises ImportError, with what to install, for a jax version outside SUPPORTED_JAX: check_jax_version("0.9")
+check_jax_version = functools.partial(require_version, "jax", supported=SUPPORTED_JAX)
+check_jax_version(jax.__version__)  # before any private name below is read
 
 from jax._src import distributed as _distributed  # noqa: E402  (loaded by `import jax`)
 from jax._src import xla_bridge as _xla_bridge  # noqa: E402  (loaded by `import jax`)

@@ -5,7 +5,8 @@ kernels, functionalization's wrappers, the PrivateUse1 device hooks, Dynamo's ba
 Private names change between releases without notice, so lazyxla reads them only here: each is bound
 to a public name of this module, with a comment saying what lazyxla uses it for; every other lazyxla
 module imports these (``tests/test_layering.py`` checks that no other module touches a ``torch._*``
-name). Moving to a new torch release means checking this file.
+name). Moving to a new torch release means checking this file, and the two private attributes of op objects
+read where ops are routed, ``OpOverload._schema`` and ``_overloadname`` (``PRIVATE_ALLOWED`` there says why).
 
 Checked against torch 2.13 and 2.14 (``SUPPORTED_TORCH``; pyproject.toml accepts ``torch>=2.13,<2.15``,
 requirements.txt pins 2.13.0). Importing this module checks the installed version first, before any
@@ -31,27 +32,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from lazyxla.util import require_version
+
 SUPPORTED_TORCH = ((2, 13), (2, 14))  # inclusive range of major.minor this module was checked against
 
-
-def check_torch_version(version: str = torch.__version__) -> None:
-    """Raise ``ImportError`` unless ``version`` is in ``SUPPORTED_TORCH``.
-
-    Example::
-
-        >>> check_torch_version("2.12.1")
-        ImportError: lazyxla supports torch 2.13 to 2.14, but torch 2.12.1 is installed; ...
-    """
-    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
-    lo, hi = SUPPORTED_TORCH
-    if not lo <= (major, minor) <= hi:
-        raise ImportError(
-            f"lazyxla supports torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but torch {version} is installed; "
-            f"install a supported release, e.g. pip install 'torch=={lo[0]}.{lo[1]}.*'"
-        )
-
-
-check_torch_version()  # before any private name below is read
+# raises ImportError, with what to install, for a torch version outside SUPPORTED_TORCH: check_torch_version("2.12.1")
+check_torch_version = functools.partial(require_version, "torch", supported=SUPPORTED_TORCH)
+check_torch_version(torch.__version__)  # before any private name below is read
 
 # Each import below is of a module `import torch` has already loaded: binding its names costs nothing.
 import torch._decomp  # noqa: E402

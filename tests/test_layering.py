@@ -21,6 +21,8 @@ import textwrap
 import tokenize
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Module, or package (and everything under it) -> layer. The longest matching name wins; "lazyxla" names only
@@ -388,6 +390,17 @@ def test_the_private_api_check_names_each_read(tmp_path):
     for text in expected:
         assert any(p.startswith(text) for p in problems), f"{text!r} not in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)
+
+
+def test_the_private_api_modules_refuse_versions_they_were_not_checked_against():
+    from lazyxla import jax_private, torch_private
+
+    torch_private.check_torch_version("2.13.0+cpu")
+    jax_private.check_jax_version("0.10.2")
+    with pytest.raises(ImportError, match=r"lazyxla supports torch 2.13 to 2.14, but torch 2.12.1 is installed"):
+        torch_private.check_torch_version("2.12.1")
+    with pytest.raises(ImportError, match=r"lazyxla supports jax 0.10 to 0.12, but jax 0.13.0 is installed"):
+        jax_private.check_jax_version("0.13.0")
 
 
 # The module names lazyxla had before the package was laid out in layers: each still imports (for one release),
