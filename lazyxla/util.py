@@ -188,3 +188,21 @@ def moved_module(old: str, module, use: str) -> None:
     """
     warn_once("moved:" + old, f"{old} is deprecated: use {use}", DeprecationWarning, stacklevel=3)
     sys.modules[old] = module
+
+
+def require_version(package: str, version: str, supported: tuple[tuple[int, int], tuple[int, int]]) -> None:
+    """Raise ``ImportError`` unless ``version`` of ``package`` is within ``supported``, an inclusive range of
+    (major, minor) pairs: lazyxla's modules that read private names of torch and jax check this first.
+
+    Example::
+
+        >>> require_version("torch", "2.12.1+cpu", ((2, 13), (2, 14)))
+        ImportError: lazyxla supports torch 2.13 to 2.14, but torch 2.12.1+cpu is installed; ...
+    """
+    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    lo, hi = supported
+    if not lo <= (major, minor) <= hi:
+        raise ImportError(
+            f"lazyxla supports {package} {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but {package} {version} is installed; "
+            f"install a supported release, e.g. pip install '{package}=={lo[0]}.{lo[1]}.*'"
+        )

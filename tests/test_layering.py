@@ -4,6 +4,9 @@ Every lazyxla module belongs to a layer, declared once in ``LAYERS``; a module i
 layer or of lower ones (``parallel`` and ``frontend`` are siblings: neither imports the other); the import
 graph has no cycle; an import inside a function says why on its line (a comment). Checked on the source with
 ``ast``: every ``import``, at module level or in a function, counts.
+
+Private PyTorch and jax names are read only by ``lazyxla.torch_private`` and ``lazyxla.jax_private``
+(``PRIVATE_API_OWNERS``); ``private_uses`` finds any other module that reads one.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import ast
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import tokenize
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +32,8 @@ LAYERS = {
     "lazyxla.util": "base",
     "lazyxla.ir": "base",
     "lazyxla.ops": "base",
+    "lazyxla.torch_private": "base",
+    "lazyxla.jax_private": "base",
     "lazyxla.observe": "observe",
     "lazyxla.device": "device",
     "lazyxla.lowering": "lowering",
@@ -209,6 +217,190 @@ def test_the_check_names_each_violation_with_its_file_and_line(tmp_path):
         assert any(text in p for p in problems), f"{text!r} not in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)
     assert any(p.startswith("lazyxla/lazy/graph.py:1: import cycle") for p in problems), problems
+
+
+# ---- private PyTorch and jax names ------------------------------------------------------------------------
+
+# The only modules that read private PyTorch / jax names; each checks the versions it was written against.
+PRIVATE_API_OWNERS = ("lazyxla.torch_private", "lazyxla.jax_private")
+_PRIVATE_ROOTS = ("torch", "jax", "jaxlib")
+# Private attributes other modules may read, each with its reason: an attribute name, or "module.name".
+PRIVATE_ALLOWED = {
+    "_schema": "OpOverload._schema, an op's arguments and returns: PyTorch has no public accessor (its own "
+    "decompositions read it), and lazyxla's routing reads it per op, where a call through torch_private would cost",
+    "_overloadname": "OpOverload._overloadname, the overload's name ('default', 'Tensor'): as _schema",
+    "sys._getframe": "a documented Python function (the user's frame, for diagnostics)",
+    "os._exit": "a documented Python function (a child process ends without cleanup)",
+}
+_DOTTED = re.compile(r"(torch|jax|jaxlib)(\.\w+)+")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_name(dotted: str) -> bool:
+    """Whether ``dotted``, a name in torch, jax or jaxlib, is private: it has a ``_`` part (ops such as
+    ``torch.ops.aten._softmax`` are public), or it is in jaxlib (whose ``__version__`` only is public)."""
+    parts = dotted.split(".")
+    if parts[0] not in _PRIVATE_ROOTS or parts[:2] == ["torch", "ops"]:
+        return False
+    return any(map(_is_private, parts[1:])) or (parts[0] == "jaxlib" and len(parts) > 1 and parts[1] != "__version__")
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``; None for an expression that is not a dotted name."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(names)] if isinstance(node, ast.Name) else None
+
+
+def _root(node: ast.AST) -> str:
+    """The name a dotted expression starts from (``torch`` for ``torch._C.x``); "" for any other expression."""
+    return (_chain(node) or [""])[0]
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the torch/jax/jaxlib name it stands for (imports, and ``aten = torch.ops.aten``)."""
+    found: dict[str, str] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.split(".")[0] in _PRIVATE_ROOTS:
+                    found[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] in _PRIVATE_ROOTS:
+            found.update({a.asname or a.name: f"{n.module}.{a.name}" for a in n.names})
+    for n in tree.body:
+        chain = _chain(n.value) if isinstance(n, ast.Assign) else None
+        if chain and chain[0] in found:
+            found.update({t.id: ".".join([found[chain[0]], *chain[1:]]) for t in n.targets if isinstance(t, ast.Name)})
+    return found
+
+
+def _own_names(trees: dict[str, ast.Module]) -> set[str]:
+    """Every name lazyxla defines (modules, functions, classes, variables, attributes it sets on its objects)."""
+    own = {module.rpartition(".")[2] for module in trees}
+    for tree in trees.values():
+        aliases = _aliases(tree)
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(n.name)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                own.add(n.id)
+            elif isinstance(n, ast.alias) and n.asname:
+                own.add(n.asname)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _root(n) not in aliases:
+                own.add(n.attr)  # (not `torch.x._y = ...`: that is torch's name)
+            elif isinstance(n, ast.Call) and ast.unparse(n.func).endswith(("setattr", "__setattr__")):
+                own.update(a.value for a in n.args[1:2] if isinstance(a, ast.Constant))
+    return own
+
+
+def _private_reads(tree: ast.Module, own: set[str]):
+    """(line, what) for each private torch/jax name ``tree`` reads."""
+    aliases = _aliases(tree)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    strings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}  # docstrings may name anything
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            yield from ((n.lineno, a.name) for a in n.names if _private_name(a.name))
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            yield from ((n.lineno, f"{n.module}.{a.name}") for a in n.names if _private_name(f"{n.module}.{a.name}"))
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in strings:
+            if _DOTTED.fullmatch(n.value) and _private_name(n.value):
+                yield n.lineno, repr(n.value)
+        elif isinstance(n, ast.Attribute):
+            chain = _chain(n)
+            if chain and chain[0] in aliases:
+                dotted = ".".join([aliases[chain[0]], *chain[1:]])
+                if id(n) not in inner and _private_name(dotted):
+                    yield n.lineno, dotted
+            elif _is_private(n.attr) and n.attr not in own and not {n.attr, ast.unparse(n)} & PRIVATE_ALLOWED.keys():
+                yield n.lineno, f"{ast.unparse(n)}, an attribute lazyxla does not define"
+
+
+def private_uses(root: Path, owners: tuple[str, ...] = PRIVATE_API_OWNERS) -> list[str]:
+    """Every read of a private PyTorch or jax name outside ``owners``, as ``file:line: ...`` lines.
+
+    A private name is a ``_`` part in a name reached from ``torch``, ``jax`` or ``jaxlib`` (through imports and
+    aliases such as ``aten = torch.ops.aten``; ops are public), a string naming one, or a private attribute
+    that no lazyxla module defines (``array._arrays``: an attribute of a jax or torch object), unless
+    ``PRIVATE_ALLOWED`` names it.
+    """
+    files = {_module_name(p, root): p for p in sorted((root / "lazyxla").rglob("*.py"))}
+    trees = {m: ast.parse(p.read_text()) for m, p in files.items()}
+    own = _own_names({m: t for m, t in trees.items() if m not in owners})
+    problems = []
+    for module, tree in trees.items():
+        if module in owners:
+            continue
+        for line, what in sorted(set(_private_reads(tree, own))):
+            problems.append(
+                f"{files[module].relative_to(root)}:{line}: private API: {what}; read it through "
+                f"{' or '.join(owners)} (the only modules that touch private torch/jax names)"
+            )
+    return problems
+
+
+def test_only_the_owner_modules_read_private_torch_and_jax_names():
+    problems = private_uses(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_private_api_check_names_each_read(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "lazyxla/__init__.py": "",
+            "lazyxla/torch_private.py": "import torch\nfrom torch._C import _x\nis_functional = torch._is_functional\n",
+            "lazyxla/a.py": (
+                '"""Mentions torch._C in a docstring: fine."""\n'
+                "import torch\n"
+                "import torch.utils._pytree as pytree\n"  # 3: a private module
+                "from jax._src import xla_bridge\n"  # 4
+                "aten = torch.ops.aten\n"
+                "x = aten._softmax.default\n"  # an op: public
+                "y = torch._C.DispatchKey.Functionalize\n"  # 7: reported once, whole
+                "z = x._schema\n"  # allowed
+                "def f(a):\n"
+                "    return a._arrays\n"  # 10: a jax.Array's
+                "def g(t):\n"
+                "    return t._mine\n"  # lazyxla's own (set below)
+                "class C:\n"
+                "    def __init__(self):\n"
+                "        self._mine = 1\n"
+                "name = 'torch._dynamo.trace_rules'\n"  # 16: a string naming a private module
+                "import jaxlib\n"
+                "v = jaxlib.__version__\n"
+                "w = jaxlib.xla_client\n"  # 19
+            ),
+        },
+    )
+    problems = private_uses(tmp_path)
+    expected = [
+        "lazyxla/a.py:3: private API: torch.utils._pytree;",
+        "lazyxla/a.py:4: private API: jax._src.xla_bridge;",
+        "lazyxla/a.py:7: private API: torch._C.DispatchKey.Functionalize;",
+        "lazyxla/a.py:10: private API: a._arrays, an attribute lazyxla does not define;",
+        "lazyxla/a.py:16: private API: 'torch._dynamo.trace_rules';",
+        "lazyxla/a.py:19: private API: jaxlib.xla_client;",
+    ]
+    for text in expected:
+        assert any(p.startswith(text) for p in problems), f"{text!r} not in:\n" + "\n".join(problems)
+    assert len(problems) == len(expected), "\n".join(problems)
+
+
+def test_the_private_api_modules_refuse_versions_they_were_not_checked_against():
+    from lazyxla import jax_private, torch_private
+
+    torch_private.check_torch_version("2.13.0+cpu")
+    jax_private.check_jax_version("0.10.2")
+    with pytest.raises(ImportError, match=r"lazyxla supports torch 2.13 to 2.14, but torch 2.12.1 is installed"):
+        torch_private.check_torch_version("2.12.1")
+    with pytest.raises(ImportError, match=r"lazyxla supports jax 0.10 to 0.12, but jax 0.13.0 is installed"):
+        jax_private.check_jax_version("0.13.0")
 
 
 # The module names lazyxla had before the package was laid out in layers: each still imports (for one release),

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from jax.experimental import multihost_utils
 
+from lazyxla import torch_private
 from lazyxla.device import processes
 
 # All jax work of lazyxla runs with 64-bit types on, so that int64/float64 keep their width; the
@@ -119,7 +120,7 @@ def host_array(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.layout != torch.strided:
         raise TypeError(f"lazyxla tensors are dense: convert this {t.layout} tensor with .to_dense() first")
-    if t._is_zerotensor():  # autograd's symbolic zeros have no storage
+    if torch_private.is_zerotensor(t):  # autograd's symbolic zeros have no storage
         t = torch.zeros(t.shape, dtype=t.dtype)
     if t.dtype == torch.bfloat16:
         host = t.view(torch.int16).numpy().view(jax.numpy.bfloat16)

@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from lazyxla import jax_private
 from lazyxla.device.devices import global_devices
 from lazyxla.ir import Leaf
 
@@ -134,6 +135,6 @@ def canonical_layout(sharding, ndim: int):
     try:
         return _layout_keys[key]
     except KeyError:
-        devices = tuple(d.id for d in sharding._device_assignment)
-        canon = _layout_keys[key] = (str(sharding._to_xla_hlo_sharding(ndim)), devices)
+        devices = tuple(d.id for d in jax_private.device_assignment(sharding))
+        canon = _layout_keys[key] = (str(jax_private.hlo_sharding(sharding, ndim)), devices)
         return canon

@@ -20,16 +20,14 @@ How a process learns it is part of a run, in order:
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import threading
 import warnings
 from typing import Any
 
 import jax
-from jax._src import distributed as jdist  # private: the coordination service's client (no public API)
-from jax._src import xla_bridge  # private: whether a backend started, the CPU backend factory
 
+from lazyxla import jax_private
 from lazyxla.config import config, launcher_env
 from lazyxla.device import wire
 
@@ -42,8 +40,7 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}  # 'initialized', 'local_rank', 'rendezvous' (tag -> count)
 
 
-def _backend_started() -> bool:
-    return bool(xla_bridge._backends)
+_backend_started = jax_private.backend_started  # whether it is too late to join a run or set CPU devices
 
 
 def initialize(
@@ -163,13 +160,9 @@ def bind_address(coordinator_address: str | None) -> str | None:
 def _gloo_on_loopback() -> None:
     """A single-host run: gloo's CPU collectives listen on 127.0.0.1, not on the address the host name
     resolves to (reachable from the network). jax offers no setting, so its CPU backend factory is
-    registered again with gloo collectives made here (jax._src: no public API takes them)."""
-    from jax._src.lib import _jax  # private and version-dependent (gloo's constructor): imported only where used
-
+    registered again with gloo collectives made here (private jax: no public API takes them)."""
     try:
-        collectives = _jax.make_gloo_tcp_collectives(distributed_client=_client(), hostname="127.0.0.1")
-        factory = functools.partial(xla_bridge.make_cpu_client, collectives=collectives)
-        xla_bridge.register_backend_factory("cpu", factory, priority=0, fail_quietly=False)
+        jax_private.gloo_on_loopback(_client())
     except (AttributeError, TypeError) as e:  # another jax version: gloo keeps jax's own address
         warnings.warn(f"lazyxla: gloo's CPU collectives could not be bound to 127.0.0.1 ({e})", stacklevel=2)
 
@@ -291,8 +284,7 @@ def replica_devices() -> list[jax.Device]:
 # --- host-side agreement among processes ------------------------------------------------------------
 
 
-def _client():
-    return jdist.global_state.client
+_client = jax_private.coordination_client
 
 
 def rendezvous(tag: str, payload: bytes = b"") -> list[bytes]:

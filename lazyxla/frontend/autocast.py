@@ -36,6 +36,8 @@ import functools
 
 import torch
 
+from lazyxla import torch_private
+
 DEVICE = "lazyxla"
 KEY = "AutocastPrivateUse1"
 
@@ -203,8 +205,10 @@ _BANNED_MESSAGE = (
     "runs in float32; or compute the loss outside the autocast region."
 )
 
-_EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
-_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+_EXCLUDE = torch_private.DispatchKeySet(torch_private.DispatchKey.AutocastPrivateUse1)
+_exclude = torch_private.ExcludeDispatchKeyGuard  # per op: the kernels call the op again with their key excluded
+# per op: True inside lazyxla's own kernels (e.g. a decomposition below functionalization): never cast there
+_below_functionalization = torch_private.below_functionalization
 _library = None
 
 
@@ -216,7 +220,7 @@ def _overload(name: str):
 @functools.cache
 def _cuda_autocast_ops() -> frozenset[str]:
     """The ops the installed torch registers at its CUDA autocast key, as the tables name them."""
-    cuda = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+    cuda = torch_private.registrations_for("AutocastCUDA")
     return frozenset(r.removeprefix("aten::") for r in cuda if r.startswith("aten::"))
 
 
@@ -271,14 +275,9 @@ def _widest(x, current: torch.dtype, lower: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def _below_functionalization() -> bool:
-    """True inside lazyxla's own kernels (e.g. a decomposition below functionalization): never cast there."""
-    return torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE)
-
-
 def _lower_precision_fp(op):
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with _exclude(_EXCLUDE):
             if not _below_functionalization():
                 args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype(DEVICE))
             return op(*args, **kwargs)
@@ -288,7 +287,7 @@ def _lower_precision_fp(op):
 
 def _fp32(op):
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with _exclude(_EXCLUDE):
             if not _below_functionalization():
                 args, kwargs = _cast_all(args, kwargs, torch.float32)
             return op(*args, **kwargs)
@@ -301,7 +300,7 @@ def _fp32_set_opt_dtype(op):
     index = next(i for i, a in enumerate(arguments) if a.name == "dtype")
 
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with _exclude(_EXCLUDE):
             if args and _eligible(args[0]) and not _below_functionalization():
                 if len(args) > index:
                     if args[index] is None:
@@ -317,7 +316,7 @@ def _fp32_append_dtype(op, redispatch):
     arguments = op._schema.arguments
 
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with _exclude(_EXCLUDE):
             bound = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value) for i, a in enumerate(arguments)]
             if _below_functionalization():
                 return op(*bound)
@@ -329,7 +328,7 @@ def _fp32_append_dtype(op, redispatch):
 
 def _promote(op):
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with _exclude(_EXCLUDE):
             if not _below_functionalization():
                 lower = torch.get_autocast_dtype(DEVICE)
                 dtype = _widest((args, tuple(kwargs.values())), lower, lower)

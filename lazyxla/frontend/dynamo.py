@@ -45,7 +45,7 @@ replicas, outside any one op), a host read, tensors off the device. Graph breaks
 between graphs runs eagerly, that is in lazy mode. Tensors a failed trace leaves alive are made error
 leaves, which syncs skip.
 
-PyTorch integration (private APIs, checked against the torch version): lazyxla tensors are fakified as
+PyTorch integration (private APIs, from ``lazyxla.torch_private``): lazyxla tensors are fakified as
 XLA's are (``_install_fakification``), and lazyxla's and jax's files are in Dynamo's skip list, since the
 code run eagerly at a graph break calls lazyxla's Python recorder and Dynamo must not trace it.
 ``register()`` puts the backend in Dynamo's registry and the skip list, at once if ``torch._dynamo`` is
@@ -65,9 +65,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._decomp
-from torch._subclasses import meta_utils
 
+from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
 from lazyxla.lazy import rng
@@ -86,31 +85,21 @@ BACKEND = "lazyxla"
 
 # ---- fakification of lazyxla tensors --------------------------------------------------------------------
 
-_SUPPORTED_TORCH = ((2, 13), (2, 14))  # minor versions whose fake-tensor describer was checked
-
-
 def _install_fakification() -> None:
     """Describe lazyxla tensors to PyTorch's fake-tensor converter as XLA tensors are: by their own
-    metadata, not as a functional wrapper around an inner tensor.
+    metadata, not as a functional wrapper around an inner tensor (checked on the torch versions
+    ``torch_private`` accepts).
 
     PyTorch's ``MetaConverter`` builds a fake functional tensor for a functional tensor of any device
     type but ``xla`` and ``lazy``, mirroring its autograd metadata; for a parameter (a leaf that
     requires grad) the mirror is not a leaf and Dynamo fails with ``AssertionError: True != False``.
     """
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if version not in _SUPPORTED_TORCH:
-        warnings.warn(
-            f"lazyxla.dynamo: torch {torch.__version__} was not checked (checked: "
-            f"{', '.join('.'.join(map(str, v)) for v in _SUPPORTED_TORCH)}); torch.compile on lazyxla tensors "
-            "may fail to fakify parameters",
-            stacklevel=2,
-        )
-    describer = meta_utils.MetaTensorDescriber
+    describer = torch_private.MetaTensorDescriber
     original = describer.describe_tensor
     if getattr(original, "_lazyxla", False):
         return
 
-    is_functional = torch._is_functional_tensor
+    is_functional = torch_private.is_functional
 
     def not_functional_here(t) -> bool:
         return is_functional(t) and t.device.type != BACKEND
@@ -120,11 +109,8 @@ def _install_fakification() -> None:
         if t.device.type != BACKEND or not is_functional(t):
             return original(self, t, recurse=recurse, trace=trace)
         # described by its own metadata (views included: their base is described the same way)
-        previous, torch._is_functional_tensor = torch._is_functional_tensor, not_functional_here
-        try:
+        with torch_private.is_functional_replaced(not_functional_here):
             return original(self, t, recurse=recurse, trace=trace)
-        finally:
-            torch._is_functional_tensor = previous
 
     describe_tensor._lazyxla = True
     describer.describe_tensor = describe_tensor
@@ -180,7 +166,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
     syncs = metrics.counters()["syncs"]
     try:
         # (autocast off: the graph holds the casts autocast made when it was captured)
-        with config.override(strict=True), torch.no_grad(), torch._C._DisableAutocast():
+        with config.override(strict=True), torch.no_grad(), torch_private.disable_autocast():
             out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
     except Exception as e:
         raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None
@@ -283,12 +269,12 @@ def _lazy_input(t):
     if type(t) is LazyTensor or type(t) in _NUMBERS:
         return t
     if isinstance(t, torch.Tensor):
-        if t.device.type == BACKEND and torch._is_functional_tensor(t):
-            torch._sync(t)
-            inner = torch._from_functional_tensor(t)
+        if t.device.type == BACKEND and torch_private.is_functional(t):
+            torch_private.functional_sync(t)
+            inner = torch_private.from_functional(t)
             if type(inner) is LazyTensor:
                 return inner
-        elif t.device.type == "cpu" and t.dim() == 0 and not torch._is_functional_tensor(t):
+        elif t.device.type == "cpu" and t.dim() == 0 and not torch_private.is_functional(t):
             return t
     return _NOT_AN_INPUT
 
@@ -334,7 +320,7 @@ class CompiledGraph:
                 return f"{n.format_node()} is a replica collective"
             if (
                 n.op == "call_function"
-                and isinstance(n.target, torch._ops.OpOverload)
+                and isinstance(n.target, torch_private.OpOverload)
                 and status_of(n.target) == "fallback"
             ):
                 return f"{n.target} has no lowering rule nor decomposition (lazy mode runs it on the CPU)"
@@ -409,7 +395,7 @@ class CompiledGraph:
                 stacklevel=2,
             )
         metrics.inc("dynamo_op_by_op_calls")
-        with torch.no_grad(), torch._C._DisableAutocast():
+        with torch.no_grad(), torch_private.disable_autocast():
             out = self.gm(*args)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -420,7 +406,7 @@ class CompiledGraph:
 @functools.cache
 def _decompositions() -> dict:
     """Core-ATen decompositions of the ops lazy mode would decompose (no rule, not special-cased)."""
-    table = torch._decomp.core_aten_decompositions()
+    table = torch_private.core_aten_decompositions()
     return {op: fn for op, fn in table.items() if op not in RULES and op not in SPECIAL_OPS}
 
 
@@ -435,9 +421,7 @@ def _compiler(kind: str) -> Callable:
 
 @functools.cache
 def _aot_backend():
-    from torch._dynamo.backends.common import aot_autograd  # loads Dynamo (~1 s): only once torch.compile runs
-
-    return aot_autograd(
+    return torch_private.aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
@@ -502,8 +486,6 @@ def lazyxla_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: An
 
 # ---- registration ----------------------------------------------------------------------------------------
 
-_REGISTRY = "torch._dynamo.backends.registry"
-_TRACE_RULES = "torch._dynamo.trace_rules"
 # Packages whose Python code Dynamo must never trace: lazyxla's recorder runs in Python (as
 # ``__torch_dispatch__`` and device kernels), so the code a compiled function runs eagerly at a graph
 # break calls into it, and into jax; Dynamo would otherwise try to compile those frames.
@@ -511,19 +493,15 @@ _SKIPPED_PACKAGES = ("lazyxla", "jax", "jaxlib", "ml_dtypes", "opt_einsum", "fla
 
 
 def _register_in(registry) -> None:
-    if BACKEND in registry._COMPILER_FNS:
-        return
-    if registry._BACKENDS.get(BACKEND) is not None:
-        return  # found through the entry point: lookup_backend loads it, registering would be a duplicate
-    registry.register_backend(compiler_fn=lazyxla_backend, name=BACKEND)
+    torch_private.register_dynamo_backend(registry, BACKEND, lazyxla_backend)
 
 
 def _skip_in(trace_rules) -> None:
     for name in _SKIPPED_PACKAGES:
-        trace_rules.add(name)  # a package that is not installed is left out
+        torch_private.skip_in_dynamo(trace_rules, name)
 
 
-_ON_IMPORT = {_REGISTRY: _register_in, _TRACE_RULES: _skip_in}
+_ON_IMPORT = {torch_private.DYNAMO_BACKEND_REGISTRY: _register_in, torch_private.DYNAMO_TRACE_RULES: _skip_in}
 
 
 class _OnImport(importlib.abc.MetaPathFinder):

@@ -33,8 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 
+from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.ir import Leaf, raise_if_error
@@ -128,7 +128,7 @@ class Exported:
         with devices.x64():
             flat = self.jax.call(*arrays)
         n = len(self.out_names) - len(self.state_names)
-        outputs = pytree.tree_unflatten(list(flat[:n]), self._out_tree)
+        outputs = torch_private.tree_unflatten(list(flat[:n]), self._out_tree)
         return (outputs, tuple(flat[n:])) if self.state_names else outputs
 
     def __repr__(self) -> str:
@@ -202,7 +202,7 @@ def export(
     diagnostics.enter(region)
     try:
         result = fn(*args)
-        out_leaves, out_tree = pytree.tree_flatten(result)
+        out_leaves, out_tree = torch_private.tree_flatten(result)
         outs = [_output(o, k) for k, o in enumerate(out_leaves)]
         after = [unwrap(t)._value for _, t in named]
         new_entries = _new_optimizer_entries(optimizers, opt_keys)
@@ -232,9 +232,7 @@ def _set_value(t: torch.Tensor, value: tuple) -> None:
     inner = unwrap(t)
     if inner._value is value:
         return
-    torch._functionalize_replace(t, LazyTensor(value, inner._aval))
-    torch._functionalize_commit_update(t)
-    torch._functionalize_sync(t)
+    torch_private.replace_inner(t, LazyTensor(value, inner._aval))
 
 
 def _check_on_device(module: torch.nn.Module, what: str) -> None:

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.frontend import autocast, registration
@@ -20,11 +21,8 @@ from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 
 aten = torch.ops.aten
 _flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
-
-
-def _below_functionalization() -> bool:
-    """True when called from inside functionalization (or our own dispatch): return bare LazyTensors."""
-    return torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
+# per call: True inside functionalization (or our own dispatch), where kernels return bare LazyTensors
+_below_functionalization = torch_private.below_functionalization
 
 
 def _rewrap(x):
@@ -126,7 +124,7 @@ def _scaled_dot_product_attention(
     backward included) instead of PyTorch's ~20-op math decomposition. Dropout, grouped-query broadcast,
     inputs that are not 4-d, and ``sdpa_kernel`` disabling the fused kernels take PyTorch's own path."""
     fused = (
-        torch._C._get_overrideable_sdp_enabled()
+        torch_private.overrideable_sdpa_enabled()
         and not dropout_p
         and q.dim() == k.dim() == v.dim() == 4
         and q.shape[1] == k.shape[1] == v.shape[1]
@@ -146,9 +144,7 @@ def _scaled_dot_product_attention(
 
 # PyTorch's own autograd kernel of copy_ (VariableType's, the same for every backend), taken before
 # lazyxla registers its own at AutogradPrivateUse1 below.
-_AUTOGRAD_COPY = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
-    "aten::copy_", torch._C.DispatchKey.AutogradPrivateUse1
-)
+_AUTOGRAD_COPY = torch_private.computed_kernel("aten::copy_", "AutogradPrivateUse1")
 
 
 def _copy_(keyset, self, src, non_blocking=False):
@@ -196,7 +192,7 @@ def _fused_step(name: str):
             # the kernels write the gradients only to unscale them: without grad_scale they are unchanged
             # (and copying them would refresh every view of them)
             if len(values) and (i != grads or kwargs.get("grad_scale") is not None):
-                torch._foreach_copy_(args[i], values)
+                torch_private.foreach_copy_(args[i], values)
 
     kernel.__name__ = kernel.__qualname__ = name.replace(".", "_")
     return kernel
@@ -265,15 +261,14 @@ def _is_tensor_arg(argument) -> bool:
 
 def _out_kernels() -> dict:
     kernels = {}
-    for schema in torch._C._jit_get_all_schemas():
+    for schema in torch_private.all_schemas():
         if not schema.name.startswith("aten::") or not any(a.is_out for a in schema.arguments):
             continue
         name = schema.name.removeprefix("aten::") + ("." + schema.overload_name if schema.overload_name else "")
         if name in AUTOGRAD_KERNELS:
             continue
-        original = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
-            schema.name + ("." + schema.overload_name if schema.overload_name else ""),
-            torch._C.DispatchKey.AutogradPrivateUse1,
+        original = torch_private.computed_kernel(
+            schema.name + ("." + schema.overload_name if schema.overload_name else ""), "AutogradPrivateUse1"
         )
         kernels[name] = _out_kernel(name, original)
     return kernels
@@ -289,15 +284,13 @@ AUTOGRAD_KERNELS.update(_out_kernels())
 # autocast casts every matmul input this way. This kernel, at Functionalize, runs PyTorch's and wraps a
 # lazyxla result.
 
-_FUNCTIONAL_TO_COPY = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
-    "aten::_to_copy", torch._C.DispatchKey.Functionalize
-)
+_FUNCTIONAL_TO_COPY = torch_private.computed_kernel("aten::_to_copy", "Functionalize")
 
 
 def _to_copy(keyset, self, **kwargs):
     out = _FUNCTIONAL_TO_COPY.call_boxed(keyset, self, **kwargs)
-    if out.device.type == "lazyxla" and not torch._is_functional_tensor(out):
-        out = torch._to_functional_tensor(out)
+    if out.device.type == "lazyxla" and not torch_private.is_functional(out):
+        out = torch_private.to_functional(out)
     return out
 
 

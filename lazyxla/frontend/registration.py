@@ -1,7 +1,7 @@
 """Registration of the ``lazyxla`` device with PyTorch (PrivateUse1, renamed, as a Python backend).
 
-This is the one module that touches private PyTorch registration APIs. It checks the torch version it
-was written against and fails with a clear message otherwise.
+The private PyTorch APIs this takes (the device guard, the Python-backend set-up, the engine's entry point,
+tensor printing) come from ``lazyxla.torch_private``, which checks the torch version first.
 """
 
 from __future__ import annotations
@@ -16,25 +16,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch._tensor_str as ts
-import torch.autograd.graph
-from torch._subclasses.fake_tensor import is_fake
 
+from lazyxla import torch_private
 from lazyxla.device import devices
 
-SUPPORTED_TORCH = ((2, 13), (2, 14))  # inclusive range of major.minor
 NAME = "lazyxla"
 _done = False
-
-
-def check_torch_version(version: str = torch.__version__) -> None:
-    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
-    lo, hi = SUPPORTED_TORCH
-    if not lo <= (major, minor) <= hi:
-        raise ImportError(
-            f"lazyxla supports torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but torch {version} is installed; "
-            f"install a supported release, e.g. pip install 'torch=={lo[0]}.{lo[1]}.*'"
-        )
 
 
 class _BackendModule:
@@ -172,7 +159,7 @@ def _park_pending_error() -> None:
     _parked.append(value.with_traceback(tb) if tb is not None else value)
 
 
-class _DeviceGuard(torch._C._acc.DeviceGuard):
+class _DeviceGuard(torch_private.DeviceGuard):
     """The device guard PyTorch calls for lazyxla tensors; see the note above for why it parks errors."""
 
     def __getattribute__(self, name):
@@ -180,7 +167,7 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return object.__getattribute__(self, name)
 
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return torch_private.PRIVATEUSE1
 
 
 def _raising_parked_errors(run_backward: Callable) -> Callable:
@@ -209,16 +196,14 @@ def _raising_parked_errors(run_backward: Callable) -> Callable:
 
 
 def _install_backward_error_relay() -> None:
-    run = _raising_parked_errors(torch.autograd.graph._engine_run_backward)
-    torch.autograd.graph._engine_run_backward = run
-    torch.autograd._engine_run_backward = run
+    torch_private.wrap_engine_run_backward(_raising_parked_errors)
 
 
 # ---- pinned host memory and torch.accelerator ----
 #
 # With lazyxla registered, PyTorch reports it as the current accelerator (torch.accelerator), so
 # ``Tensor.pin_memory()`` and ``DataLoader(pin_memory=True)`` ask it for a pinned-memory allocator. PyTorch's
-# Python hooks (torch._C._acc.PrivateUse1Hooks, torch 2.13 and 2.14) cannot provide one: its C++ side raises
+# Python hooks (PrivateUse1Hooks in torch._C._acc, torch 2.13 and 2.14) cannot provide one: its C++ side raises
 # NotImplementedError, so importing lazyxla broke CPU programs that pin. jax copies to the device from
 # ordinary host memory, so lazyxla's pinned memory is ordinary CPU memory: ``_pin_memory`` for lazyxla copies
 # the tensor into a new CPU tensor (as PyTorch's kernel copies it into pinned memory) and remembers its
@@ -234,13 +219,10 @@ def _pins_for_lazyxla(device) -> bool:
     return current is not None and current.type == NAME
 
 
-def _pytorch_kernel(op: str, key: str):
-    """PyTorch's kernel of ``op`` for the dispatch key ``key``, taken before lazyxla registers its own."""
-    return torch._C._dispatch_get_computed_kernel_for_dispatch_key(op, getattr(torch._C.DispatchKey, key))
-
-
 def _pin_memory_kernels() -> dict[str, Callable]:
-    pin, is_pinned = _pytorch_kernel("aten::_pin_memory", "CPU"), _pytorch_kernel("aten::is_pinned", "CPU")
+    # PyTorch's CPU kernels, taken before lazyxla registers its own
+    pin = torch_private.computed_kernel("aten::_pin_memory", "CPU")
+    is_pinned = torch_private.computed_kernel("aten::is_pinned", "CPU")
 
     def _pin_memory(keyset, self, device=None):
         if not _pins_for_lazyxla(device):
@@ -317,18 +299,13 @@ def register(
     global _done, _library, _autograd_library, _cpu_library
     if _done:
         return
-    check_torch_version()
-    # A torch without this private API gets the version message above, not an ImportError at `import lazyxla`.
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend  # after the version check
-
-    if torch._C._get_privateuse1_backend_name() not in ("privateuseone", NAME):
+    taken = torch_private.privateuse1_backend_name()
+    if taken not in ("privateuseone", NAME):
         raise RuntimeError(
-            f"PyTorch's PrivateUse1 device is already taken by {torch._C._get_privateuse1_backend_name()!r}; "
+            f"PyTorch's PrivateUse1 device is already taken by {taken!r}; "
             "lazyxla cannot be used in the same process as that backend"
         )
-    _setup_privateuseone_for_python_backend(
-        NAME, backend_module=_BackendModule(rng, synchronize), device_guard=_DeviceGuard()
-    )
+    torch_private.setup_python_backend(NAME, _BackendModule(rng, synchronize), _DeviceGuard())
     _install_backward_error_relay()
     _install_accelerator_queries()
     for name, fn in kernels.items():
@@ -350,12 +327,12 @@ def register(
 
 def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Print lazyxla tensors from one host copy, as PyTorch does for XLA tensors (no per-element syncs)."""
-    original = ts._str
+    original = torch_private.tensor_str()
     if getattr(original, "_lazyxla", False):
         return
 
     def _str(self, *, tensor_contents=None):
-        if self.device.type != NAME or is_fake(self):  # fake tensors (torch.compile's tracing) have no values
+        if self.device.type != NAME or torch_private.is_fake(self):  # fake tensors (torch.compile's tracing): no values
             return original(self, tensor_contents=tensor_contents)
         text = original(to_cpu(self), tensor_contents=tensor_contents)
         extra = [f"device='{self.device}'"]
@@ -368,4 +345,4 @@ def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
         return text[:cut] + ", " + ", ".join(extra) + text[cut:]
 
     _str._lazyxla = True
-    ts._str = _str
+    torch_private.set_tensor_str(_str)

@@ -28,8 +28,8 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch.utils._pytree as pytree
 
+from lazyxla import torch_private
 from lazyxla.ir import Aval
 
 # NotImplementedError ('"<kernel>" not implemented for '<dtype>'', an accelerator-only op whose CPU kernel is
@@ -154,7 +154,7 @@ def raise_cpu_error(
     Example: ``raise_cpu_error(aten.mm.default, lambda make: ((make(a), make(b)), {}))`` raises
     ``RuntimeError: expected m1 and m2 to have the same dtype`` for float32 ``a`` and int64 ``b``.
     """
-    with torch._C._DisableFuncTorch(), torch._C._DisableTorchDispatch():
+    with torch_private.disable_functorch(), torch_private.disable_torch_dispatch():
         err = _cpu_error(func, build, random, meta_error, lowers)
     if err is not None:
         err.add_note(_NOTE)
@@ -202,7 +202,7 @@ def check_out_call(func, args, kwargs, limit: int) -> None:
             return
     except TypeError:  # an unhashable argument: checked every time
         sig = None
-    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    tensors = [x for x in torch_private.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     masks = any(  # a boolean index in a list (index_put's indices): shapes depend on the mask's values
         isinstance(e, torch.Tensor) and e.dtype == torch.bool
         for a in (*args, *kwargs.values())

@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch._decomp
 
+from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.lazy import graph
 from lazyxla.lazy.meta import leaves
@@ -28,7 +28,7 @@ aten = torch.ops.aten
 
 @functools.cache
 def _core_decompositions() -> dict:
-    return torch._decomp.core_aten_decompositions()
+    return torch_private.core_aten_decompositions()
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def decomposition(func):
     table = _core_decompositions()
     if func in table:
         return table[func]
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if torch_private.has_kernel(func.name(), "CompositeImplicitAutograd"):
         return func.decompose
     return None
 

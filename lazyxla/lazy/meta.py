@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, slot
@@ -235,7 +236,7 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     except TypeError:  # unhashable constant
         key = None
     margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
-    with torch._C._DisableFuncTorch(), _no_python_dispatch():
+    with torch_private.disable_functorch(), _no_python_dispatch():
         try:
             out = func(*margs, **mkw)
         except NotImplementedError as e:  # no meta kernel, or a data-dependent shape (a boolean mask)
@@ -325,7 +326,7 @@ def check_before_decomposing(func, args, kwargs, scalars) -> None:
         key, done = None, False
     if not done:
         margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
-        with torch._C._DisableFuncTorch(), _no_python_dispatch():
+        with torch_private.disable_functorch(), _no_python_dispatch():
             try:
                 out_avals = _spec_avals(func(*margs, **mkw))
             except NotImplementedError:  # no meta kernel: the outputs' size is unknown, so no CPU check
@@ -375,7 +376,7 @@ _MISSING_META = {
 
 
 def _no_python_dispatch():
-    return torch._C._DisableTorchDispatch()
+    return torch_private.disable_torch_dispatch()
 
 
 def _build(spec, n, requires_grad=False):

@@ -15,6 +15,7 @@ import threading
 
 import torch
 
+from lazyxla import torch_private
 from lazyxla.device import devices
 from lazyxla.ir import Aval, Leaf, leaf, raise_if_error
 from lazyxla.lazy import graph
@@ -85,7 +86,6 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 # Per thread: how many PyTorch decompositions are running here, below functionalization. A factory they call
 # (``torch.tensor(0, device=x.device)`` in ``_linspace_from_neg_one``) must give them a bare LazyTensor.
 _nested = threading.local()
-_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 
 
 def _lift(fresh):
@@ -96,7 +96,7 @@ def _lift(fresh):
     fails in ``.tolist()`` and in any in-place op mixing it with ordinary lazyxla tensors ("mutating a
     non-functional tensor with a functional tensor"). It stays bare where functionalization wraps it itself
     (its mode is on: the key is in the thread's include set) and inside a decomposition running here."""
-    if getattr(_nested, "depth", 0) or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTIONALIZE):
+    if getattr(_nested, "depth", 0) or torch_private.functionalization_included():
         return fresh
     return wrap(fresh)
 

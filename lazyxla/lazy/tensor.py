@@ -10,7 +10,15 @@ import weakref
 
 import torch
 
+from lazyxla import torch_private
 from lazyxla.ir import Aval, Leaf
+
+# per op: bound once (a global lookup instead of an attribute chain)
+_make_wrapper_subclass = torch_private.make_wrapper_subclass
+_to_functional = torch_private.to_functional
+_from_functional = torch_private.from_functional
+_is_functional = torch_private.is_functional
+_functional_sync = torch_private.functional_sync
 
 # Every LazyTensor made since the last scan, as weak references in creation order: sync() finds
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
@@ -31,7 +39,7 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
-        t = torch.Tensor._make_wrapper_subclass(
+        t = _make_wrapper_subclass(
             cls, aval.shape, dtype=aval.dtype, device=_device(value[0].device), requires_grad=requires_grad
         )
         t._value = value
@@ -39,7 +47,7 @@ class LazyTensor(torch.Tensor):
         _live.append(weakref.ref(t))
         return t
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch_private.disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -87,16 +95,16 @@ def set_dispatch(handler) -> None:
 
 def wrap(lt: LazyTensor) -> torch.Tensor:
     """The user-visible tensor: a functionalization wrapper around ``lt``."""
-    return torch._to_functional_tensor(lt)
+    return _to_functional(lt)
 
 
 def unwrap(t: torch.Tensor) -> LazyTensor:
     """The LazyTensor inside a user-visible lazyxla tensor, after applying pending view updates."""
     if isinstance(t, LazyTensor):
         return t
-    if torch._is_functional_tensor(t):
-        torch._sync(t)
-        inner = torch._from_functional_tensor(t)
+    if _is_functional(t):
+        _functional_sync(t)
+        inner = _from_functional(t)
         if isinstance(inner, LazyTensor):
             return inner
     raise TypeError(f"expected a lazyxla tensor, got a tensor on {t.device} of type {type(t).__name__}")

@@ -37,6 +37,7 @@ import jaxlib
 import numpy as np
 from jax.experimental import serialize_executable
 
+from lazyxla import jax_private
 from lazyxla.config import config, foreign_env, user_cache_root
 from lazyxla.device import devices, processes
 from lazyxla.device.meshes import layouts
@@ -107,7 +108,7 @@ class Compiled:
         if type(a) is not np.ndarray and a.is_deleted():
             got += " whose buffers were deleted (donated to an earlier program, or deleted through jax)"
         elif type(a) is not np.ndarray:
-            buffers = sorted({f"{b.dtype}{list(b.shape)}" for b in a._arrays})
+            buffers = sorted({f"{b.dtype}{list(b.shape)}" for b in _device_buffers(a)})
             got += f" laid out as {a.sharding}, with device buffers {', '.join(buffers)}"
         return (
             f"lazyxla: {what} does not match the compiled program: it is {got}, but the program takes "
@@ -115,6 +116,10 @@ class Compiled:
             "This is a lazyxla bug (a transfer or relayout that changed the buffer): please report it with "
             "this message"
         )
+
+
+# per program argument: an array's per-device buffers (private: the one place where their dtypes can be seen)
+_device_buffers = jax_private.device_buffers
 
 
 def _fits(a, shape: tuple, dtype: np.dtype, sharding) -> bool:
@@ -127,8 +132,7 @@ def _fits(a, shape: tuple, dtype: np.dtype, sharding) -> bool:
     same = layout is sharding or sharding is None or layout == sharding
     if not same and not _equivalent(layout, sharding, len(shape)):
         return False
-    # the per-device buffers: private, but the one place where they can be seen (None: deleted)
-    buffers = a._arrays
+    buffers = _device_buffers(a)  # None: deleted
     return buffers is not None and all(b.dtype == dtype for b in buffers)
 
 
@@ -329,6 +333,11 @@ PROGRAM_CODE: dict[str, bool] = {
     "ir.py": True,  # the IR, its hashes and the graph digest that names entries
     "ops.py": True,  # the lazyxla op schemas and ReduceOp, as their rules read them
     "util.py": False,  # atomic writes, warn-once
+    # Private PyTorch/jax names, bound once. Mostly aliases, but their helpers decide program content: the
+    # dtype pointwise rules compute in, which decompositions lazy mode records (torch_private); the HLO form
+    # of a sharding that canonical layouts, part of a program's key, are made of (jax_private).
+    "torch_private.py": True,
+    "jax_private.py": True,
     "observe/": False,  # metrics, diagnostics, profiler phases
     "device/": True,  # dtype mapping, x64, devices and transfers, meshes and canonical layouts
     "device/__init__.py": False,

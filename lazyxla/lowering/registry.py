@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from lazyxla.device.devices import np_dtype
+from lazyxla.torch_private import OpOverload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +47,10 @@ class Ctx:
         return np_dtype(self.avals[0].dtype)
 
 
-RULES: dict[torch._ops.OpOverload, Rule] = {}
+RULES: dict[OpOverload, Rule] = {}
 
 
-def lowers(*ops: torch._ops.OpOverload, random: bool = False, scalars: Any = None) -> Callable:
+def lowers(*ops: OpOverload, random: bool = False, scalars: Any = None) -> Callable:
     """Register ``fn`` as the lowering rule of each op; registering an op twice raises. ``random``: the rule
     draws from ``ctx.key``; ``scalars``: the numpy dtype its Python-scalar inputs arrive in (see ``Rule``).
 
@@ -63,7 +63,7 @@ def lowers(*ops: torch._ops.OpOverload, random: bool = False, scalars: Any = Non
 
     def register(fn: Callable) -> Callable:
         for op in ops:
-            if not isinstance(op, torch._ops.OpOverload):
+            if not isinstance(op, OpOverload):
                 raise TypeError(f"@lowers takes torch.ops.aten.<op>.<overload> objects, got {op!r}")
             if op in RULES:
                 raise ValueError(f"{op} already has a lowering rule ({RULES[op].fn.__qualname__})")
@@ -73,5 +73,5 @@ def lowers(*ops: torch._ops.OpOverload, random: bool = False, scalars: Any = Non
     return register
 
 
-def rule_for(op: torch._ops.OpOverload) -> Rule | None:
+def rule_for(op: OpOverload) -> Rule | None:
     return RULES.get(op)

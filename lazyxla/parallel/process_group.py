@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+from torch.distributed import ProcessGroup
 
+from lazyxla import torch_private
 from lazyxla.device import processes, wire
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
@@ -43,7 +44,7 @@ def _op(reduce_op) -> tuple[ReduceOp, bool]:
 def _done(result) -> object:
     fut = torch.futures.Future()
     fut.set_result(result)
-    return _create_work_from_future(fut)
+    return torch_private.work_from_future(fut)
 
 
 def _on_device(tensors) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import lazyxla  # noqa: F401  (fills the rule table)
+from lazyxla import torch_private
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS
 from lazyxla.lowering.registry import RULES
@@ -29,12 +30,12 @@ RESULTS = Path(__file__).resolve().parents[2] / "build" / "opinfo-results.json"
 DTYPE_ORDER = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool", "complex64")
 
 
-def core_aten_ops() -> list[torch._ops.OpOverload]:
+def core_aten_ops() -> list[torch_private.OpOverload]:
     """Every overload PyTorch tags as core ATen IR."""
     ops = []
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name)
-        if isinstance(packet, torch._ops.OpOverloadPacket):
+        if isinstance(packet, torch_private.OpOverloadPacket):
             ops.extend(getattr(packet, ov) for ov in packet.overloads() if torch.Tag.core in getattr(packet, ov).tags)
     return sorted(ops, key=str)
 

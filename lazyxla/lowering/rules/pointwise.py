@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from lazyxla import torch_private
 from lazyxla.device.devices import np_dtype, torch_dtype
 from lazyxla.lowering.registry import lowers
 
@@ -40,8 +40,7 @@ def _common_of(spec: tuple) -> np.dtype:
         s if isinstance(s, (bool, int, float, complex)) else torch.empty((1,) * s[0], dtype=s[1], device="meta")
         for s in spec
     ]
-    _, result = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-    return np_dtype(result)
+    return np_dtype(torch_private.elementwise_result_dtype(*operands))
 
 
 def common_dtype(*xs) -> np.dtype:

@@ -21,6 +21,7 @@ import urllib.parse
 import torch.distributed as dist
 
 import lazyxla
+from lazyxla import torch_private
 from lazyxla.compat._common import missing_attribute
 from lazyxla.config import foreign_env
 from lazyxla.parallel import process_group as _process_group
@@ -42,7 +43,7 @@ def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
 def _register() -> None:
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _process_group._create, devices=["lazyxla"])
-    if "xla" not in _rendezvous._rendezvous_handlers:
+    if not torch_private.has_rendezvous_handler("xla"):
         _rendezvous.register_rendezvous_handler("xla", _xla_rendezvous_handler)
 
 

@@ -1,0 +1,246 @@
+"""Every private PyTorch name lazyxla uses, in one place, behind the torch version check.
+
+A Python device backend needs parts of PyTorch that are not public API: the dispatcher's keys and
+kernels, functionalization's wrappers, the PrivateUse1 device hooks, Dynamo's backend registry.
+Private names change between releases without notice, so lazyxla reads them only here: each is bound
+to a public name of this module, with a comment saying what lazyxla uses it for; every other lazyxla
+module imports these (``tests/test_layering.py`` checks that no other module touches a ``torch._*``
+name). Moving to a new torch release means checking this file, and the two private attributes of op objects
+read where ops are routed, ``OpOverload._schema`` and ``_overloadname`` (``PRIVATE_ALLOWED`` there says why).
+
+Checked against torch 2.13 and 2.14 (``SUPPORTED_TORCH``; pyproject.toml accepts ``torch>=2.13,<2.15``,
+requirements.txt pins 2.13.0). Importing this module checks the installed version first, before any
+private name is read, so an unsupported torch gets a clear ``ImportError`` at ``import lazyxla``.
+
+Names read per op (by ``lazy.tensor``, ``frontend.kernels``, ``frontend.autocast``) are plain aliases of
+PyTorch's functions, never wrappers: calling ``torch_private.to_functional`` costs what calling
+``torch._to_functional_tensor`` did. Hot modules bind them to module globals.
+
+Example::
+
+    from lazyxla import torch_private
+    t = torch_private.to_functional(lazy_tensor)   # the user-visible wrapper of a LazyTensor
+    assert torch_private.is_functional(t)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+from lazyxla.util import require_version
+
+SUPPORTED_TORCH = ((2, 13), (2, 14))  # inclusive range of major.minor this module was checked against
+
+# raises ImportError, with what to install, for a torch version outside SUPPORTED_TORCH: check_torch_version("2.12.1")
+check_torch_version = functools.partial(require_version, "torch", supported=SUPPORTED_TORCH)
+check_torch_version(torch.__version__)  # before any private name below is read
+
+# Each import below is of a module `import torch` has already loaded: binding its names costs nothing.
+import torch._decomp  # noqa: E402
+import torch._ops  # noqa: E402
+import torch._prims_common  # noqa: E402
+import torch._tensor_str  # noqa: E402
+import torch.autograd.graph  # noqa: E402
+import torch.utils._pytree  # noqa: E402
+from torch._subclasses import fake_tensor, meta_utils  # noqa: E402
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend  # noqa: E402
+
+_C = torch._C
+
+# ---- the dispatcher ----------------------------------------------------------------------------------
+
+# the keys lazyxla registers kernels at or asks about (PrivateUse1, AutogradPrivateUse1, Functionalize, ...)
+DispatchKey = _C.DispatchKey
+# autocast's kernels exclude their own key (a DispatchKeySet) while they call the op again
+DispatchKeySet = _C.DispatchKeySet
+ExcludeDispatchKeyGuard = _C._ExcludeDispatchKeyGuard
+# per op (device kernels, autocast): whether this call runs below functionalization (inside lazyxla's own
+# dispatch or a decomposition there), where kernels take and return bare LazyTensors and autocast never casts
+below_functionalization = functools.partial(_C._dispatch_tls_is_dispatch_key_excluded, DispatchKey.Functionalize)
+# lift_fresh: whether functionalization's mode is on (it wraps the lifted tensor itself)
+functionalization_included = functools.partial(_C._dispatch_tls_is_dispatch_key_included, DispatchKey.Functionalize)
+# every aten schema: lazyxla registers an AutogradPrivateUse1 kernel for each out= overload
+all_schemas = _C._jit_get_all_schemas
+# the ops PyTorch registers at a key ("AutocastCUDA"): autocast follows CUDA's lists
+registrations_for = _C._dispatch_get_registrations_for_dispatch_key
+# whether sdpa_kernel() allows the fused "overrideable" attention kernel lazyxla lowers as one op
+overrideable_sdpa_enabled = _C._get_overrideable_sdp_enabled
+# meta inference and the CPU checks run an op on plain meta/CPU tensors: no functorch, no __torch_dispatch__
+disable_functorch = _C._DisableFuncTorch
+disable_torch_dispatch = _C._DisableTorchDispatch
+# torch.compile graphs hold the casts autocast made when they were captured: they run with autocast off
+disable_autocast = _C._DisableAutocast
+
+
+def computed_kernel(op_name: str, key: str | DispatchKey):
+    """PyTorch's kernel of ``op_name`` ("aten::copy_") at dispatch key ``key``, to call from lazyxla's kernel
+    that replaces it (taken before lazyxla registers its own); call it with ``.call_boxed(keyset, *args)``.
+
+    Example::
+
+        kernel = computed_kernel("aten::_to_copy", "Functionalize")
+    """
+    key = getattr(DispatchKey, key) if isinstance(key, str) else key
+    return _C._dispatch_get_computed_kernel_for_dispatch_key(op_name, key)
+
+
+def has_kernel(op_name: str, key: str) -> bool:
+    """Whether ``op_name`` has a kernel at ``key``: decompositions use the CompositeImplicitAutograd kernel.
+
+    Example::
+
+        has_kernel("aten::linear", "CompositeImplicitAutograd")     # True
+    """
+    return _C._dispatch_has_kernel_for_dispatch_key(op_name, key)
+
+
+# ---- tensors: the wrapper subclass and functionalization ----------------------------------------------
+
+# LazyTensor is a wrapper subclass: a tensor with metadata and no storage
+make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
+# LazyTensor handles ops in __torch_dispatch__ only
+disabled_torch_function_impl = _C._disabled_torch_function_impl
+# per op: every user-visible lazyxla tensor is a functionalization wrapper around a LazyTensor
+to_functional = torch._to_functional_tensor
+from_functional = torch._from_functional_tensor
+is_functional = torch._is_functional_tensor
+functional_sync = torch._sync  # applies a wrapper's pending view updates before its inner tensor is read
+# autograd's symbolic zeros have no storage: a transfer to the device makes real ones
+is_zerotensor = torch.Tensor._is_zerotensor
+# fake tensors (torch.compile's tracing) have no values: printing leaves them to PyTorch
+is_fake = fake_tensor.is_fake
+# fused optimizer steps copy each new list of tensors into the list it replaces
+foreach_copy_ = torch._foreach_copy_
+
+
+def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:
+    """Make the functional tensor ``t`` hold ``inner``, as an in-place op would: views of ``t`` see it too
+    (``lazyxla.export`` puts the parameters' values back after tracing).
+
+    Example::
+
+        replace_inner(param, LazyTensor(old_value, aval))
+    """
+    torch._functionalize_replace(t, inner)
+    torch._functionalize_commit_update(t)
+    torch._functionalize_sync(t)
+
+
+# ---- ops -------------------------------------------------------------------------------------------------
+
+OpOverload = torch._ops.OpOverload  # the type of torch.ops.aten.<op>.<overload>: rules are keyed by them
+OpOverloadPacket = torch._ops.OpOverloadPacket  # torch.ops.aten.<op>: the coverage report lists its overloads
+# the decompositions into core ATen lazy mode and torch.compile use for ops without a rule
+core_aten_decompositions = torch._decomp.core_aten_decompositions
+# flattening and rebuilding PyTorch containers (export's outputs, out= checks' arguments)
+tree_flatten = torch.utils._pytree.tree_flatten
+tree_unflatten = torch.utils._pytree.tree_unflatten
+tree_leaves = torch.utils._pytree.tree_leaves
+
+
+def elementwise_result_dtype(*operands) -> torch.dtype:
+    """PyTorch's result dtype of an elementwise op on ``operands`` (tensors and Python numbers), with its
+    default type promotion: the pointwise rules compute in it.
+
+    Example::
+
+        elementwise_result_dtype(torch.empty(2, dtype=torch.int32), 1.5)    # torch.float32
+    """
+    _, result = torch._prims_common.elementwise_dtypes(
+        *operands, type_promotion_kind=torch._prims_common.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    )
+    return result
+
+
+# ---- the PrivateUse1 device --------------------------------------------------------------------------
+
+# the C++ device guard a Python backend subclasses; PyTorch's autograd engine asks it for the device type
+DeviceGuard = _C._acc.DeviceGuard
+PRIVATEUSE1 = _C._autograd.DeviceType.PrivateUse1
+# the name PrivateUse1 is registered under ("privateuseone" until a backend renames it)
+privateuse1_backend_name = _C._get_privateuse1_backend_name
+
+
+def setup_python_backend(name: str, backend_module, device_guard) -> None:
+    """Rename PrivateUse1 to ``name`` and install ``backend_module`` as ``torch.<name>`` and ``device_guard``
+    as its device guard (PyTorch's set-up for a backend written in Python)."""
+    _setup_privateuseone_for_python_backend(name, backend_module=backend_module, device_guard=device_guard)
+
+
+def wrap_engine_run_backward(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace the function every ``backward``/``autograd.grad`` calls to start the autograd engine with
+    ``wrap(original)`` (lazyxla relays exceptions raised inside backward through it)."""
+    run = wrap(torch.autograd.graph._engine_run_backward)
+    torch.autograd.graph._engine_run_backward = run
+    torch.autograd._engine_run_backward = run
+
+
+# The function that formats a tensor's text for repr/print: lazyxla prints from one host copy.
+def tensor_str() -> Callable:
+    return torch._tensor_str._str
+
+
+def set_tensor_str(fn: Callable) -> None:
+    torch._tensor_str._str = fn
+
+
+# ---- torch.compile (Dynamo) --------------------------------------------------------------------------
+
+# describes real tensors to the fake-tensor converter: lazyxla patches it to describe lazyxla tensors as XLA's
+MetaTensorDescriber = meta_utils.MetaTensorDescriber
+# Dynamo's modules lazyxla hooks when they are first imported (importing Dynamo costs ~1 s)
+DYNAMO_BACKEND_REGISTRY = "torch._dynamo.backends.registry"
+DYNAMO_TRACE_RULES = "torch._dynamo.trace_rules"
+
+
+@contextlib.contextmanager
+def is_functional_replaced(check: Callable[[torch.Tensor], bool]) -> Iterator[None]:
+    """Inside: PyTorch's own code that asks ``torch._is_functional_tensor(t)`` gets ``check(t)`` (the
+    fake-tensor describer reads it from the module). lazyxla's modules keep their bound ``is_functional``."""
+    previous, torch._is_functional_tensor = torch._is_functional_tensor, check
+    try:
+        yield
+    finally:
+        torch._is_functional_tensor = previous
+
+
+def register_dynamo_backend(registry, name: str, compiler_fn: Callable) -> None:
+    """Add ``compiler_fn`` to Dynamo's backend ``registry`` module (DYNAMO_BACKEND_REGISTRY) as ``name``,
+    unless it is there already or its entry point names it (lookup_backend then loads it)."""
+    if name in registry._COMPILER_FNS or registry._BACKENDS.get(name) is not None:
+        return
+    registry.register_backend(compiler_fn=compiler_fn, name=name)
+
+
+def skip_in_dynamo(trace_rules, package: str) -> None:
+    """Never let Dynamo trace ``package``'s files (``trace_rules`` is DYNAMO_TRACE_RULES's module); a package
+    that is not installed is left out."""
+    trace_rules.add(package)
+
+
+def aot_autograd(**kwargs) -> Callable:
+    """Dynamo's AOTAutograd backend factory (``torch._dynamo.backends.common.aot_autograd``)."""
+    from torch._dynamo.backends.common import aot_autograd as make  # loads Dynamo (~1 s): only once torch.compile runs
+
+    return make(**kwargs)
+
+
+# ---- torch.distributed ---------------------------------------------------------------------------------
+
+
+def work_from_future(future) -> object:
+    """A completed ``torch.distributed`` ``Work`` for a ``torch.futures.Future`` (the lazyxla process group's
+    collectives return one). Read at the call: a torch built without distributed has no such module."""
+    return _C._distributed_c10d._create_work_from_future(future)
+
+
+def has_rendezvous_handler(scheme: str) -> bool:
+    """Whether ``torch.distributed`` has a rendezvous handler for ``scheme://`` (torch_xla's ``xla://``).
+    Read at the call: a torch built without distributed has no such module."""
+    # (the module by its name: the attribute torch.distributed.rendezvous is a function of the same name)
+    return scheme in importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
