@@ -35,6 +35,7 @@ import stat
 import jax
 import jaxlib
 import numpy as np
+import torch
 from jax.experimental import serialize_executable
 
 from lazyxla import jax_private
@@ -408,12 +409,13 @@ def code_digest(package: str = _PACKAGE) -> str:
 
 def _fingerprint() -> tuple:
     """What, besides the graph, decides the compiled program: lazyxla's code that changes programs,
-    jax/XLA's build, the device."""
+    PyTorch's version (rules follow its promotion and decompositions), jax/XLA's build, the device."""
     global _environment
     if _environment is None:
         dev = devices.local_devices()[0]
         _environment = (
             code_digest(),
+            torch.__version__,
             jax.__version__,
             jaxlib.__version__,
             dev.platform,
