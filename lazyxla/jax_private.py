@@ -7,7 +7,7 @@ bound to a public name of this module with a comment saying what lazyxla uses it
 module imports these (``tests/test_layering.py`` checks that no other module touches ``jax._src`` or
 a private jax/jaxlib attribute). Moving to a new jax release means checking this file.
 
-Checked against jax and jaxlib 0.10.2 (requirements.txt's pin); pyproject.toml accepts ``jax>=0.10,<0.13``
+Checked against jax and jaxlib 0.10.2 (requirements.txt's pin); pyproject.toml accepts ``jax>=0.10.2,<0.11``
 (``SUPPORTED_JAX``), and importing this module raises a clear ``ImportError`` outside that range, before any
 private name is read.
 
@@ -27,7 +27,7 @@ import jax
 
 from lazyxla.util import require_version
 
-SUPPORTED_JAX = ((0, 10), (0, 12))  # inclusive range of major.minor (pyproject.toml); checked on 0.10.2
+SUPPORTED_JAX = ((0, 10), (0, 10))  # inclusive range of major.minor (pyproject.toml); checked on 0.10.2
 
 # raises ImportError, with what to install, for a jax version outside SUPPORTED_JAX: check_jax_version("0.9")
 check_jax_version = functools.partial(require_version, "jax", supported=SUPPORTED_JAX)
