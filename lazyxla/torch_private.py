@@ -189,6 +189,15 @@ def set_tensor_str(fn: Callable) -> None:
     torch._tensor_str._str = fn
 
 
+# nn.Module's conversion walk (.to, .cuda, .half, ...): lazyxla wraps it to keep tied parameters tied
+def module_apply() -> Callable:
+    return torch.nn.Module._apply
+
+
+def set_module_apply(fn: Callable) -> None:
+    torch.nn.Module._apply = fn
+
+
 # ---- torch.compile (Dynamo) --------------------------------------------------------------------------
 
 # describes real tensors to the fake-tensor converter: lazyxla patches it to describe lazyxla tensors as XLA's

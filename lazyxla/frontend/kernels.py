@@ -11,7 +11,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
-from lazyxla.frontend import autocast, registration
+from lazyxla.frontend import autocast, modules, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
@@ -309,6 +309,7 @@ def install() -> None:
             warnings.simplefilter("ignore", UserWarning)
             _functionalize_library.impl("_to_copy", _to_copy, "Functionalize", with_keyset=True)
     autocast.install()
+    modules.install()
 
 
 __all__ = ["LazyTensor", "install", "to_cpu"]
