@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 
 import lazyxla
@@ -161,3 +162,140 @@ def test_tied_lm_trains_like_eager(make_opt, dev):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
     for (name, p), q in zip(lazy.state_dict().items(), ref.state_dict().values()):
         torch.testing.assert_close(p.cpu(), q, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ---- Hugging Face models (tiny random configs, nothing downloaded) ---------------------------------------------
+
+
+def _gpt2():
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config), lambda m: [m.lm_head.weight, m.transformer.wte.weight]
+
+
+def _t5():
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return transformers.T5ForConditionalGeneration(config), lambda m: [
+        m.lm_head.weight,
+        m.shared.weight,
+        m.encoder.embed_tokens.weight,
+        m.decoder.embed_tokens.weight,
+    ]
+
+
+def _bart():
+    config = transformers.BartConfig(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    return transformers.BartForConditionalGeneration(config), lambda m: [
+        m.lm_head.weight,
+        m.model.shared.weight,
+        m.model.encoder.embed_tokens.weight,
+        m.model.decoder.embed_tokens.weight,
+    ]
+
+
+LR, HF_STEPS = 1e-2, 3
+
+
+def _zero_gradient_part(name: str) -> slice | None:
+    """The part of an attention key bias, whose gradient is exactly zero in exact arithmetic.
+
+    Softmax over keys is invariant to adding one constant per query, which is what a key bias adds, so its true
+    gradient is 0 and what backward computes is rounding noise (GPT-2 here: ~1e-11, against ~1e-4 for the query
+    bias). AdamW's step ``lr * m / (sqrt(v) + eps)`` turns that noise into moves of ~1e-5 whose sign and size
+    depend on summation order (eager CPU with another order would differ from itself as much), so this part
+    is checked against the bound of an AdamW move, ``lr`` per step, not the 1e-4 rule.
+    """
+    if name.endswith("attn.c_attn.bias"):  # GPT-2: [query | key | value], key in the middle third
+        return slice(32, 64)
+    if name.endswith("k_proj.bias"):  # BART
+        return slice(None)
+    return None
+
+
+def _assert_params_close(name: str, actual: torch.Tensor, expected: torch.Tensor):
+    noise = _zero_gradient_part(name)
+    if noise is not None:
+        torch.testing.assert_close(actual[noise], expected[noise], rtol=0, atol=2 * LR * HF_STEPS, msg=name)
+        actual, expected = actual.clone(), expected.clone()
+        actual[noise] = expected[noise] = 0
+    torch.testing.assert_close(actual, expected, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def _train_hf(model, batch, device, on_step=None, steps=HF_STEPS):
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazyxla":
+            lazyxla.sync()
+        losses.append(loss.detach())
+        if on_step is not None:
+            on_step()
+    return model, [float(v.item()) for v in losses]
+
+
+@pytest.mark.parametrize("build", [_gpt2, _t5, _bart], ids=["gpt2", "t5", "bart"])
+def test_hf_tied_models_stay_tied_and_train_like_eager(build, dev):
+    torch.manual_seed(0)
+    model, tied = build()
+    assert all(t is tied(model)[0] for t in tied(model))
+    g = torch.Generator().manual_seed(1)
+    batch = {
+        "input_ids": torch.randint(3, 64, (2, 8), generator=g),
+        "labels": torch.randint(3, 64, (2, 8), generator=g),
+    }
+    ref, ref_losses = _train_hf(copy.deepcopy(model), batch, torch.device("cpu"))
+    compiles = []
+    lazy, losses = _train_hf(model, batch, dev, on_step=lambda: compiles.append(lazyxla.metrics.counters()["compiles"]))
+    assert all(t is tied(lazy)[0] for t in tied(lazy)), "a tied weight was untied by the move"
+    assert tied(lazy)[0].device.type == "lazyxla"
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
+    ref_params = dict(ref.named_parameters())
+    for name, p in lazy.named_parameters():
+        _assert_params_close(name, p.detach().cpu(), ref_params[name].detach())
+    assert compiles[2] == compiles[1], compiles  # compiles settle by step 2
+    assert not any(k.startswith("fallback.") for k in lazyxla.metrics.counters()), lazyxla.metrics.counters()
