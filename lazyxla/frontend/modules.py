@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
@@ -38,6 +39,7 @@ from torch import nn
 from lazyxla import torch_private
 
 _original_apply: Callable | None = None
+_walk = threading.local()  # .active: inside an outermost _apply of this thread
 
 Slot = tuple[nn.Module, str, str]  # (module, "parameter" | "buffer", attribute name)
 
@@ -70,9 +72,9 @@ def _on_lazyxla(t: torch.Tensor) -> bool:
 class _ConvertOnce:
     """``fn`` of ``_apply``, converting each shared tensor (or its gradient) once when lazyxla is involved.
 
-    Nested ``_apply`` calls (the submodules') receive this object as their ``fn``, which is how the wrapper
-    tells the outermost call from the inner ones. A result is reused only for a tensor of ``shared`` whose
-    source or result lives on lazyxla: CPU-only conversions run ``fn`` every time, exactly as PyTorch does.
+    Nested ``_apply`` calls (the submodules') receive this object as their ``fn``. A result is reused only
+    for a tensor of ``shared`` whose source or result lives on lazyxla: CPU-only conversions run ``fn`` every
+    time, exactly as PyTorch does.
     """
 
     def __init__(self, fn: Callable, shared: dict[int, torch.Tensor]):
@@ -111,18 +113,22 @@ def _retie(groups: list[list[Slot]], sources: list[torch.Tensor], convert: _Conv
 
 def _apply_keeping_ties(self: nn.Module, fn: Callable, *args, **kwargs):
     """``nn.Module._apply`` that keeps shared parameters and buffers one object across lazyxla moves."""
-    if isinstance(fn, _ConvertOnce):  # a submodule's call inside an outer one: the outer call re-ties
+    if getattr(_walk, "active", False):  # a submodule's call inside an outer one: the outer call re-ties
         return _original_apply(self, fn, *args, **kwargs)
-    groups = _shared_groups(self)
-    if not groups:
-        return _original_apply(self, fn, *args, **kwargs)
-    sources = [_get(group[0]) for group in groups]
-    shared = {id(t): t for t in sources}
-    shared.update({id(t.grad): t.grad for t in sources if t.grad is not None})
-    convert = _ConvertOnce(fn, shared)
-    result = _original_apply(self, convert, *args, **kwargs)
-    _retie(groups, sources, convert)
-    return result
+    _walk.active = True  # set before the walk too: one walk per .to(), not one per submodule
+    try:
+        groups = _shared_groups(self)
+        if not groups:
+            return _original_apply(self, fn, *args, **kwargs)
+        sources = [_get(group[0]) for group in groups]
+        shared = {id(t): t for t in sources}
+        shared.update({id(t.grad): t.grad for t in sources if t.grad is not None})
+        convert = _ConvertOnce(fn, shared)
+        result = _original_apply(self, convert, *args, **kwargs)
+        _retie(groups, sources, convert)
+        return result
+    finally:
+        _walk.active = False
 
 
 def install() -> None:
