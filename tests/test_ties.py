@@ -130,20 +130,27 @@ def test_load_state_dict_assign_unties_as_in_eager(dev):
     assert (lazy.head.weight is lazy.embed.weight) == (eager.head.weight is eager.embed.weight)
 
 
-def _train_tied(model, x, y, make_opt, device, steps=4):
+def _train(model, batch: dict, loss_of, make_opt, device, steps, on_step=None):
+    """``steps`` optimizer steps of ``loss_of(model, **batch)``; the model and each step's loss."""
     model = model.to(device)
     opt = make_opt(model.parameters())
-    x, y = x.to(device), y.to(device)
+    batch = {k: v.to(device) for k, v in batch.items()}
     losses = []
     for _ in range(steps):
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = loss_of(model, **batch)
         loss.backward()
         opt.step()
         opt.zero_grad()
         if device.type == "lazyxla":
             lazyxla.sync()
-        losses.append(float(loss.item()))
-    return model, losses
+        losses.append(loss.detach())
+        if on_step is not None:
+            on_step()
+    return model, [float(v.item()) for v in losses]
+
+
+def _lm_loss(model, x, y):
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
 @pytest.mark.parametrize(
@@ -155,9 +162,9 @@ def test_tied_lm_trains_like_eager(make_opt, dev):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g)
-    model = TiedLM()
-    ref, ref_losses = _train_tied(copy.deepcopy(model), x, y, make_opt, torch.device("cpu"))
-    lazy, losses = _train_tied(model, x, y, make_opt, dev)
+    model, batch = TiedLM(), {"x": x, "y": y}
+    ref, ref_losses = _train(copy.deepcopy(model), batch, _lm_loss, make_opt, torch.device("cpu"), steps=4)
+    lazy, losses = _train(model, batch, _lm_loss, make_opt, dev, steps=4)
     _assert_tied(lazy)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
     for (name, p), q in zip(lazy.state_dict().items(), ref.state_dict().values()):
@@ -260,22 +267,12 @@ def _assert_params_close(name: str, actual: torch.Tensor, expected: torch.Tensor
     torch.testing.assert_close(actual, expected, **TOL, msg=lambda m: f"{name}: {m}")
 
 
-def _train_hf(model, batch, device, on_step=None, steps=HF_STEPS):
-    model = model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    batch = {k: v.to(device) for k, v in batch.items()}
-    losses = []
-    for _ in range(steps):
-        loss = model(**batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device.type == "lazyxla":
-            lazyxla.sync()
-        losses.append(loss.detach())
-        if on_step is not None:
-            on_step()
-    return model, [float(v.item()) for v in losses]
+def _hf_loss(model, **batch):
+    return model(**batch).loss
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
 
 
 @pytest.mark.parametrize("build", [_gpt2, _t5, _bart], ids=["gpt2", "t5", "bart"])
@@ -288,9 +285,13 @@ def test_hf_tied_models_stay_tied_and_train_like_eager(build, dev):
         "input_ids": torch.randint(3, 64, (2, 8), generator=g),
         "labels": torch.randint(3, 64, (2, 8), generator=g),
     }
-    ref, ref_losses = _train_hf(copy.deepcopy(model), batch, torch.device("cpu"))
+    ref, ref_losses = _train(copy.deepcopy(model), batch, _hf_loss, _adamw, torch.device("cpu"), HF_STEPS)
     compiles = []
-    lazy, losses = _train_hf(model, batch, dev, on_step=lambda: compiles.append(lazyxla.metrics.counters()["compiles"]))
+
+    def count():
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+
+    lazy, losses = _train(model, batch, _hf_loss, _adamw, dev, HF_STEPS, on_step=count)
     assert all(t is tied(lazy)[0] for t in tied(lazy)), "a tied weight was untied by the move"
     assert tied(lazy)[0].device.type == "lazyxla"
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
