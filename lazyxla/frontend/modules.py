@@ -59,9 +59,10 @@ def _shared_groups(root: nn.Module) -> list[list[Slot]]:
     Example: ``b.weight = a.weight; _shared_groups(nn.Sequential(a, b))`` is
     ``[[(a, "parameter", "weight"), (b, "parameter", "weight")]]``.
     """
-    by_tensor: dict[int, list[Slot]] = {}
+    by_tensor: dict[tuple[str, int], list[Slot]] = {}
     for slot, t in _slots(root):
-        by_tensor.setdefault(id(t), []).append(slot)
+        # by kind too: a tensor both a parameter and a buffer somewhere is not a tie PyTorch keeps on any device
+        by_tensor.setdefault((slot[1], id(t)), []).append(slot)
     return [group for group in by_tensor.values() if len(group) > 1]
 
 
