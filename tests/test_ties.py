@@ -12,6 +12,7 @@ from torch import nn
 
 import lazyxla
 from lazyxla.frontend import modules
+from tests.util import train_steps
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}  # the rule of tests/test_training.py
 
@@ -130,25 +131,6 @@ def test_load_state_dict_assign_unties_as_in_eager(dev):
     assert (lazy.head.weight is lazy.embed.weight) == (eager.head.weight is eager.embed.weight)
 
 
-def _train(model, batch: dict, loss_of, make_opt, device, steps, on_step=None):
-    """``steps`` optimizer steps of ``loss_of(model, **batch)``; the model and each step's loss."""
-    model = model.to(device)
-    opt = make_opt(model.parameters())
-    batch = {k: v.to(device) for k, v in batch.items()}
-    losses = []
-    for _ in range(steps):
-        loss = loss_of(model, **batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device.type == "lazyxla":
-            lazyxla.sync()
-        losses.append(loss.detach())
-        if on_step is not None:
-            on_step()
-    return model, [float(v.item()) for v in losses]
-
-
 def _lm_loss(model, x, y):
     return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
@@ -163,8 +145,8 @@ def test_tied_lm_trains_like_eager(make_opt, dev):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 32, (2, 8), generator=g), torch.randint(0, 32, (2, 8), generator=g)
     model, batch = TiedLM(), {"x": x, "y": y}
-    ref, ref_losses = _train(copy.deepcopy(model), batch, _lm_loss, make_opt, torch.device("cpu"), steps=4)
-    lazy, losses = _train(model, batch, _lm_loss, make_opt, dev, steps=4)
+    ref, ref_losses = train_steps(copy.deepcopy(model), batch, _lm_loss, make_opt, torch.device("cpu"), steps=4)
+    lazy, losses = train_steps(model, batch, _lm_loss, make_opt, dev, steps=4)
     _assert_tied(lazy)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
     for (name, p), q in zip(lazy.state_dict().items(), ref.state_dict().values()):
@@ -285,13 +267,13 @@ def test_hf_tied_models_stay_tied_and_train_like_eager(build, dev):
         "input_ids": torch.randint(3, 64, (2, 8), generator=g),
         "labels": torch.randint(3, 64, (2, 8), generator=g),
     }
-    ref, ref_losses = _train(copy.deepcopy(model), batch, _hf_loss, _adamw, torch.device("cpu"), HF_STEPS)
+    ref, ref_losses = train_steps(copy.deepcopy(model), batch, _hf_loss, _adamw, torch.device("cpu"), HF_STEPS)
     compiles = []
 
     def count():
         compiles.append(lazyxla.metrics.counters()["compiles"])
 
-    lazy, losses = _train(model, batch, _hf_loss, _adamw, dev, HF_STEPS, on_step=count)
+    lazy, losses = train_steps(model, batch, _hf_loss, _adamw, dev, HF_STEPS, on_step=count)
     assert all(t is tied(lazy)[0] for t in tied(lazy)), "a tied weight was untied by the move"
     assert tied(lazy)[0].device.type == "lazyxla"
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)

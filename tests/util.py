@@ -76,3 +76,23 @@ def normal(*shape, grad=True, seed=0, dtype=torch.float32):
     """A reproducible standard-normal input (requires grad by default)."""
     g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
+
+
+def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=None):
+    """``steps`` optimizer steps of ``loss_of(model, **batch)`` on ``device`` (zero_grad after step, a sync per step on
+    lazyxla, ``on_step()`` after each); the moved model and each step's loss."""
+    model = model.to(device)
+    opt = make_opt(model.parameters())
+    batch = {k: v.to(device) for k, v in batch.items()}
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(model, **batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device.type == "lazyxla":
+            lazyxla.sync()
+        losses.append(loss.detach())
+        if on_step is not None:
+            on_step()
+    return model, [float(v.item()) for v in losses]

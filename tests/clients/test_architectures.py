@@ -21,6 +21,7 @@ import torch
 import transformers as T
 
 import lazyxla
+from tests.util import train_steps
 
 V = 64  # vocabulary
 STEPS = 4
@@ -62,22 +63,12 @@ ARCHITECTURES = {
 }
 
 
-def _train(model, batch: dict, device: torch.device):
-    """4 SGD steps; the trained model, each step's loss, and the compile count after each step."""
-    model = model.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batch = {k: v.to(device) for k, v in batch.items()}
-    losses, compiles = [], []
-    for _ in range(STEPS):
-        loss = model(**batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device.type == "lazyxla":
-            lazyxla.sync()
-            compiles.append(lazyxla.metrics.counters()["compiles"])
-        losses.append(loss.detach())
-    return model, [float(v.item()) for v in losses], compiles
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _loss(model, **batch):
+    return model(**batch).loss
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
@@ -86,8 +77,11 @@ def test_architecture_trains_like_eager(name, dev):
     model = ARCHITECTURES[name]()
     g = torch.Generator().manual_seed(1)
     batch = {"input_ids": torch.randint(3, V, (2, 8), generator=g), "labels": torch.randint(3, V, (2, 8), generator=g)}
-    ref, ref_losses, _ = _train(copy.deepcopy(model), batch, torch.device("cpu"))
-    lazy, losses, compiles = _train(model, batch, dev)
+    ref, ref_losses = train_steps(copy.deepcopy(model), batch, _loss, _sgd, torch.device("cpu"), STEPS)
+    compiles: list[int] = []
+    lazy, losses = train_steps(
+        model, batch, _loss, _sgd, dev, STEPS, on_step=lambda: compiles.append(lazyxla.metrics.counters()["compiles"])
+    )
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
     ref_params = dict(ref.named_parameters())
     for pname, p in lazy.named_parameters():
