@@ -32,6 +32,7 @@ from lazyxla.frontend.export import Exported, ExportError, export
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
+from lazyxla.parallel.buckets import Buckets
 from lazyxla.parallel.collectives import (
     ReduceOp,
     all_gather,
@@ -106,6 +107,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Buckets",
     "CompileRegionError",
     "DeviceLoader",
     "ExportError",

@@ -8,6 +8,10 @@ Example::
         lazyxla.optimizer_step(opt)
         opt.zero_grad()
     # each next() ends the previous step with lazyxla.sync(), so every step is one program
+
+    # variable-length batches: padded on the host to one of a few lengths, one compile per length
+    for batch in lazyxla.DeviceLoader(hf_dataloader, lazyxla.device(), pad_to_buckets=(64, 128, 256)):
+        model(**batch).loss.backward()
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel import spmd
+from lazyxla.parallel.buckets import Buckets, as_buckets
 from lazyxla.util import map_tensors
 
 _END = object()
@@ -37,14 +42,14 @@ def _put(q: queue.Queue, stop: threading.Event, item: Any) -> bool:
     return False
 
 
-def _fill(loader: Iterable, move, q: queue.Queue, stop: threading.Event) -> None:
-    """The background thread: batches from ``loader``, each tensor ``move``d to the device, into ``q``."""
+def _fill(loader: Iterable, prepare, q: queue.Queue, stop: threading.Event) -> None:
+    """The background thread: batches from ``loader``, each ``prepare``d (padded, moved to the device), into ``q``."""
     source = iter(loader)
     try:
         for batch in source:
             if stop.is_set():
                 break
-            if not _put(q, stop, ("batch", map_tensors(batch, move))):
+            if not _put(q, stop, ("batch", prepare(batch))):
                 break
     except BaseException as e:  # handed to the consumer, raised there at its next()
         _put(q, stop, ("error", e))
@@ -65,11 +70,20 @@ class DeviceLoader:
     In SPMD mode ``input_sharding=(mesh, partition_spec)`` lays every batch tensor out sharded (see
     ``lazyxla.spmd.from_local``): the loader of each process yields only that process's part.
 
+    ``pad_to_buckets`` (bucket lengths, or a ``lazyxla.Buckets`` for every option) pads each batch in the
+    background thread, before the transfer, to the smallest bucket that holds its sequence length: attention
+    masks with 0, labels with -100 (see ``lazyxla.Buckets``). A loop over variable-length batches then compiles
+    once per bucket it uses instead of once per length. A batch longer than the largest bucket raises
+    ``ValueError`` at the ``next()`` that would return it.
+
     Example::
 
         loader = lazyxla.DeviceLoader(DataLoader(ds, batch_size=64, num_workers=2), lazyxla.device())
         for step, (x, y) in enumerate(loader):
             ...
+        buckets = lazyxla.Buckets((128, 256, 512), pad_values={"input_ids": tokenizer.pad_token_id})
+        for batch in lazyxla.DeviceLoader(hf_dataloader, lazyxla.device(), pad_to_buckets=buckets):
+            loss = model(**batch).loss
     """
 
     def __init__(
@@ -79,6 +93,8 @@ class DeviceLoader:
         prefetch: int = 2,
         sync_each_step: bool = True,
         input_sharding: tuple | None = None,
+        *,
+        pad_to_buckets: Buckets | Sequence[int] | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"DeviceLoader: prefetch must be at least 1, got {prefetch}")
@@ -94,6 +110,13 @@ class DeviceLoader:
             self.move = lambda t: spmd.from_local(t, mesh, spec)
         else:
             self.move = lambda t: t.to(self.device, non_blocking=True)
+        self.buckets = as_buckets(pad_to_buckets)
+
+    def _prepare(self, batch: Any) -> Any:
+        """A batch as the loop gets it (this runs in the background thread): padded on the host, then moved."""
+        if self.buckets is not None:
+            batch = self.buckets(batch)
+        return map_tensors(batch, self.move)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -112,7 +135,7 @@ class _DeviceIterator(Iterator):
         # The thread must not hold the iterator: a loop that breaks drops it, and __del__ stops the thread.
         self._thread = threading.Thread(
             target=_fill,
-            args=(owner.loader, owner.move, self._queue, self._stop),
+            args=(owner.loader, owner._prepare, self._queue, self._stop),
             name="lazyxla-DeviceLoader",
             daemon=True,
         )

@@ -22,6 +22,7 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, unsupported
 from lazyxla.compat.torch_xla.core import xla_model as xm
+from lazyxla.parallel.buckets import as_buckets
 from lazyxla.util import map_tensors
 
 __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
@@ -39,11 +40,13 @@ def _batch_size(batch, dim: int):
 
 
 class _Source:
-    """The wrapped loader's batches, moved to the device (this runs in DeviceLoader's thread); with
-    ``fixed_batch_size`` it stops at the first batch whose size differs from the first one's."""
+    """The wrapped loader's batches, padded to their bucket (``buckets``) and moved to the device (this runs in
+    DeviceLoader's thread); with ``fixed_batch_size`` it stops at the first batch whose size (after padding)
+    differs from the first one's."""
 
-    def __init__(self, loader: Iterable, move, fixed_batch_size: bool, batchdim: int) -> None:
+    def __init__(self, loader: Iterable, move, fixed_batch_size: bool, batchdim: int, buckets=None) -> None:
         self.loader, self.move, self.fixed, self.batchdim = loader, move, fixed_batch_size, batchdim
+        self.buckets = buckets
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -51,6 +54,8 @@ class _Source:
     def __iter__(self):
         first = None
         for batch in self.loader:
+            if self.buckets is not None:  # on the host, before the transfer
+                batch = self.buckets(batch)
             if self.fixed:
                 size = _batch_size(batch, self.batchdim)
                 if first is None:
@@ -67,11 +72,14 @@ class ParallelLoader:
     replication is ``xmp.spawn`` or SPMD here). ``device_prefetch_size`` batches are kept ready;
     ``input_sharding`` (an ``xs.ShardingSpec``) lays batch tensors out in SPMD mode.
     ``loader_prefetch_size`` and ``host_to_device_transfer_threads`` are accepted and unused.
+    ``pad_to_buckets`` (lazyxla's, not torch_xla's: bucket lengths or a ``lazyxla.Buckets``) pads variable-length
+    batches on the host to a few shapes, as ``lazyxla.DeviceLoader`` does.
 
     Example::
 
         para = pl.ParallelLoader(train_loader, [dev])
         for x, y in para.per_device_loader(dev): ...
+        pl.MpDeviceLoader(hf_dataloader, dev, pad_to_buckets=(128, 256, 512))   # one compile per bucket
     """
 
     def __init__(
@@ -84,6 +92,8 @@ class ParallelLoader:
         device_prefetch_size: int = 8,
         host_to_device_transfer_threads: int = 1,
         input_sharding=None,
+        *,
+        pad_to_buckets=None,
     ) -> None:
         self._loader = loader
         self._devices = [_device(d) for d in devices]
@@ -98,7 +108,7 @@ class ParallelLoader:
             move = lambda t: input_sharding._move(t, device) if t.device.type == "cpu" else t
         else:
             move = lambda t: t.to(device, non_blocking=True) if t.device.type == "cpu" else t
-        source = _Source(loader, move, fixed_batch_size, batchdim)
+        source = _Source(loader, move, fixed_batch_size, batchdim, as_buckets(pad_to_buckets))
         self._device_loader = lazyxla.DeviceLoader(
             source, device, prefetch=max(1, int(device_prefetch_size)), sync_each_step=False
         )
