@@ -405,6 +405,7 @@ SIGNATURES = {
         "device_prefetch_size",
         "host_to_device_transfer_threads",
         "input_sharding",
+        "pad_to_buckets",  # lazyxla's own, keyword-only: shape buckets for variable-length batches
     ],
     "torch_xla.distributed.spmd.Mesh": ["device_ids", "mesh_shape", "axis_names"],
     "torch_xla.distributed.spmd.HybridMesh": ["ici_mesh_shape", "dcn_mesh_shape", "axis_names"],
