@@ -227,6 +227,18 @@ def test_fused_attention_is_one_op_forward_and_backward(causal, dev):
           *(t.detach().to(torch.bfloat16) for t in (q, k, v)), **half)  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_attention_rows_give_zero_like_eager(kind):
+    """A query whose every key is masked (a padding row of a batch) gives 0 and zero gradients, not NaN."""
+    q, k, v = _r(2, 3, 4, 8), _r(2, 3, 5, 8, seed=1), _r(2, 3, 5, 8, seed=2)
+    keep = torch.rand(2, 1, 4, 5, generator=torch.Generator().manual_seed(0)) > 0.3
+    keep[..., 0] = True
+    keep[1, :, 2] = False  # a fully masked row
+    keep[0, :, :, :] = False  # a fully masked batch entry
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, grad=True, **TOL)
+
+
 def test_attention_paths_pytorch_keeps(dev):
     """Dropout and grouped-query attention take PyTorch's math path (still on the device)."""
     import lazyxla

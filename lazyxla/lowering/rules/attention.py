@@ -31,9 +31,13 @@ def _attention(q, k, v, bias, is_causal, scale):
         s = jnp.where(keep, s, -jnp.inf)
     if bias is not None:
         s = s + acc(bias).astype(s.dtype)
-    lse = jax.nn.logsumexp(s, axis=-1)
+    # A row whose every key is masked (-inf: a padding row of a batch) attends to nothing and gives 0, as
+    # PyTorch's kernels do, not NaN. Its log-sum-exp is taken over zeros instead, so that neither the value
+    # nor the gradient meets -inf - -inf.
+    empty = jnp.all(s == -jnp.inf, axis=-1, keepdims=True)
+    lse = jax.nn.logsumexp(jnp.where(empty, 0, s), axis=-1)
     p = jnp.exp(s - lse[..., None])
-    return jnp.einsum("...qk,...kd->...qd", p, v), lse
+    return jnp.einsum("...qk,...kd->...qd", p, v), jnp.where(empty[..., 0], -jnp.inf, lse)
 
 
 @lowers(aten._scaled_dot_product_fused_attention_overrideable.default)
