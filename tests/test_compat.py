@@ -13,7 +13,6 @@ import importlib.util
 import inspect
 import os
 import re
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -25,43 +24,13 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.compat as compat
+from tests.util import ROOT, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "torch_xla"
 RTOL = 1e-5  # relative difference allowed between a loss on lazyxla and on CPU eager
 
-# Variables of the test's own environment that would change how the scripts run.
-_SCRUB = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "PJRT_DEVICE",
-    "CPU_NUM_DEVICES",
-    "GPU_NUM_DEVICES",
-    "TPU_NUM_DEVICES",
-    "JAX_PLATFORMS",
-)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("LAZYXLA_")}
-    env.update(PYTHONPATH=str(ROOT), LAZYXLA_PERSISTENT_CACHE="0", JAX_PLATFORMS="cpu")
-    env.update(extra)
-    return env
-
-
-def _run(args: list[str], cwd: Path, timeout: int = 240, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=_env(**extra), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
 def _run_example(name: str, args: list[str], tmp_path: Path, writes: tuple = (), **extra: str) -> str:
-    proc = _run(["-m", "lazyxla.run", str(EXAMPLES / name), *args], tmp_path, **extra)
+    proc = run_python(["-m", "lazyxla.run", str(EXAMPLES / name), *args], tmp_path, **extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(writes), "the script wrote other files"
     return proc.stdout
@@ -242,7 +211,7 @@ print("ok")
 def test_spmd_mapping_of_meshes_specs_and_loader_sharding(tmp_path):
     script = tmp_path / "spmd_mapping.py"
     script.write_text(SPMD_MAPPING)
-    proc = _run(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, CPU_NUM_DEVICES="4")
+    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, CPU_NUM_DEVICES="4")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -298,13 +267,13 @@ def test_install_never_shadows_a_real_torch_xla(tmp_path):
         "print(getattr(torch_xla, 'REAL', False))\n"
     )
     env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"}
-    proc = _run(["-c", code], tmp_path, timeout=120, **env)
+    proc = run_python(["-c", code], tmp_path, timeout=120, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "False", "True", "True"]
 
     script = tmp_path / "uses_torch_xla.py"
     script.write_text("import torch_xla\nprint('real' if getattr(torch_xla, 'REAL', False) else 'compat')\n")
-    proc = _run(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, **env)
+    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, **env)
     assert proc.returncode == 0 and proc.stdout.strip() == "real", proc.stderr[-3000:]
     assert "a real torch_xla is installed" in proc.stderr
 
@@ -315,10 +284,10 @@ def test_run_passes_arguments_and_runs_modules(tmp_path):
     (tmp_path / "pkg" / "tool.py").write_text(
         "import sys, torch_xla\nprint(__name__, sys.argv[1:], torch_xla.__name__)\n"
     )
-    proc = _run(["-m", "lazyxla.run", "-m", "pkg.tool", "--flag", "x"], tmp_path, timeout=120)
+    proc = run_python(["-m", "lazyxla.run", "-m", "pkg.tool", "--flag", "x"], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "__main__ ['--flag', 'x'] lazyxla.compat.torch_xla"
-    proc = _run(["-m", "lazyxla.run"], tmp_path, timeout=120)
+    proc = run_python(["-m", "lazyxla.run"], tmp_path, timeout=120)
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
@@ -336,13 +305,13 @@ def test_run_gives_the_script_the_sys_path_python_gives_it(tmp_path):
         "print(helper.WHERE, sys.path[0] == os.path.dirname(os.path.realpath(__file__)), os.getcwd() in sys.path)\n"
         "if len(sys.argv) > 1:\n    import torch_xla\n    print(torch_xla.__name__)\n"
     )
-    plain = _run([str(script)], cwd, timeout=120)
+    plain = run_python([str(script)], cwd, timeout=120)
     assert plain.returncode == 0 and plain.stdout.split() == ["script", "True", "False"], plain.stderr[-3000:]
-    proc = _run(["-m", "lazyxla.run", str(script), "torch_xla"], cwd, timeout=120)
+    proc = run_python(["-m", "lazyxla.run", str(script), "torch_xla"], cwd, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["script", "True", "False", "lazyxla.compat.torch_xla"]
     assert "a real torch_xla is installed" not in proc.stderr
-    relative = _run(["-m", "lazyxla.run", os.path.join("..", "scripts", "main.py")], cwd, timeout=120)
+    relative = run_python(["-m", "lazyxla.run", os.path.join("..", "scripts", "main.py")], cwd, timeout=120)
     assert relative.returncode == 0 and relative.stdout.split() == plain.stdout.split(), relative.stderr[-3000:]
 
 
