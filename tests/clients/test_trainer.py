@@ -1,0 +1,89 @@
+"""transformers ``Trainer``, unmodified, through the torch_xla layer: ``python -m lazyxla.run`` equals the CPU.
+
+``scripts/hf_trainer.py`` is written for torch_xla and imports nothing from lazyxla. Under ``python -m
+lazyxla.run`` transformers and accelerate find ``torch_xla`` and take their XLA code paths; with plain
+``python`` the same script trains on the CPU. Both runs train a tiny random Llama with Trainer's defaults
+(fused AdamW, pinned memory, ``max_grad_norm=1.0``, a linear schedule) plus gradient accumulation, evaluation
+and checkpoints every 2 steps, then train again from ``checkpoint-2`` with ``resume_from_checkpoint``.
+
+The rule: every logged loss, gradient norm, learning rate and evaluation loss, and every final parameter,
+within 1e-4 (relative, and absolute for parameters) of the CPU run; the parameters must have moved by far
+more than that, so the comparison means something. Two replicas (``CPU_NUM_DEVICES=2``: ``xmp.spawn``
+starts two processes, each with half the batch) are compared with one CPU process over the same global
+batch: accelerate gives replica ``r`` every other batch of the seeded shuffle, which together are the CPU
+run's batches; the all-reduced mean gradient of two equal halves is the gradient of the whole batch.
+
+The XLA path is checked, not assumed: ``is_torch_xla_available()``, ``DistributedType.XLA``, ``args.device``
+and the parameters on lazyxla, accelerate's ``MpDeviceLoaderWrapper``, no op on the CPU (torch_xla's
+``aten::`` counters), and the last step compiling no program. The scripts run in child processes (bounded by
+a timeout; a timed-out child's process group is killed). About 40 s (one replica, with the CPU run) and 60 s
+(two replicas) on 2 busy cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.clients.scripts import RTOL, assert_params_close, largest_change, run_script
+
+LOGGED = ("loss", "grad_norm", "learning_rate", "eval_loss", "train_loss")
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory) -> dict:
+    """The script on the CPU, one process, batch 4 (the global batch of every lazyxla run here)."""
+    (result,) = run_script("hf_trainer.py", tmp_path_factory.mktemp("trainer") / "cpu", 4, on_lazyxla=False)
+    assert not result["xla"] and result["distributed_type"] == "DistributedType.NO"
+    return result
+
+
+def assert_xla_path(result: dict, replicas: int) -> None:
+    assert result["xla"] and result["distributed_type"] == "DistributedType.XLA"
+    assert result["parallel_mode"] == "ParallelMode.TPU" and result["world_size"] == replicas
+    assert result["device"] == result["param_device"] == "lazyxla:0"
+    assert result["optimizer"] == "AdamW" and result["fused"] is True  # Trainer's default, adamw_torch_fused
+    assert result["train_loader"] == "MpDeviceLoaderWrapper"
+    assert result["cpu_ops"] == [], f"ops ran on the CPU: {result['cpu_ops']}"
+    assert len(result["compiles"]) == 4 and result["compiles"][3] == result["compiles"][2], result["compiles"]
+
+
+def logged(history: list[dict]) -> dict[tuple, float]:
+    return {(e["step"], k): e[k] for e in history for k in LOGGED if k in e}
+
+
+def assert_logs_close(got: list[dict], want: list[dict]) -> None:
+    got, want = logged(got), logged(want)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=RTOL), (key, got[key], value)
+
+
+def assert_equals_cpu(result: dict, cpu: dict) -> None:
+    moved = largest_change(cpu["final"], cpu["initial"])
+    assert moved > 100 * RTOL, f"training moved the weights by {moved}: too little for the comparison"
+    assert_params_close(result["initial"], cpu["initial"])
+    assert_logs_close(result["logs"], cpu["logs"])
+    assert_params_close(result["final"], cpu["final"])
+    assert_logs_close(result["resumed_logs"], cpu["resumed_logs"])
+    assert_params_close(result["resumed"], cpu["final"])  # resuming from checkpoint-2 ends where training did
+
+
+def test_cpu_run_resumes_to_the_same_weights(cpu):
+    assert_params_close(cpu["resumed"], cpu["final"])
+
+
+def test_trainer_on_one_replica_equals_cpu(cpu, tmp_path):
+    (result,) = run_script("hf_trainer.py", tmp_path / "xla", 4, on_lazyxla=True)
+    assert_xla_path(result, replicas=1)
+    assert_equals_cpu(result, cpu)
+
+
+def test_trainer_on_two_replicas_equals_cpu_over_the_global_batch(cpu, tmp_path):
+    results = run_script("hf_trainer.py", tmp_path / "xla", 2, on_lazyxla=True, replicas=2)
+    assert len(results) == 2
+    for result in results:
+        assert_xla_path(result, replicas=2)
+        assert_equals_cpu(result, cpu)
+    for name, value in results[0]["final"].items():  # the replicas applied the same all-reduced update
+        assert torch.equal(results[1]["final"][name], value), name
