@@ -362,6 +362,9 @@ SIGNATURES = {
     "torch_xla.core.xla_model.wait_device_ops": ["devices"],
     "torch_xla.core.xla_model.set_rng_state": ["seed", "device"],
     "torch_xla.core.xla_model.get_rng_state": ["device"],
+    "torch_xla.core.xla_model.set_replication": ["device", "devices"],
+    "torch_xla.core.xla_model._fetch_gradients": ["optimizer"],
+    "torch_xla.core.xla_model._maybe_convert_to_cpu": ["data", "convert"],
     "torch_xla.runtime.use_spmd": ["auto"],
     "torch_xla.distributed.xla_multiprocessing.spawn": ["fn", "args", "nprocs", "join", "daemon", "start_method"],
     "torch_xla.distributed.parallel_loader.MpDeviceLoader": ["loader", "device", "kwargs"],
@@ -526,6 +529,73 @@ def test_mp_device_loader_marks_each_step_and_fixes_the_batch_size(xla, dev):
     assert len(fixed) == 3
     para = pl.ParallelLoader(xu.SampleGenerator(data=(torch.ones(2),), sample_count=3), [dev])
     assert len(list(para.per_device_loader(dev))) == 3 and para.per_device_samples() == 3
+
+
+def test_set_replication_checks_what_torch_xla_checks(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    xm.set_replication(dev, xm.get_xla_supported_devices())  # what accelerate's PartialState calls
+    xm.set_replication(str(dev), [])  # no replication
+    with pytest.raises(RuntimeError, match="not a lazyxla device"):
+        xm.set_replication("cpu", xm.get_xla_supported_devices())
+    with pytest.raises(RuntimeError, match="every device of the process"):
+        xm.set_replication(dev, [*xm.get_xla_supported_devices(), "lazyxla:7"])
+
+
+def test_fetch_gradients_aliases_the_gradients_accelerate_all_reduces_in_place(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).to(dev)
+    model[0].bias.requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 3, device=dev)).sum().backward()
+    grads = xm._fetch_gradients(opt)
+    with_grad = [p for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(with_grad) == 3
+    before = [p.grad.cpu() for p in with_grad]
+    for g in grads:  # accelerate: xm.all_reduce("sum", grads, scale=1 / world) reduces these in place
+        g.mul_(0.5)
+    for p, b in zip(with_grad, before):
+        torch.testing.assert_close(p.grad.cpu(), b * 0.5)
+
+
+def test_maybe_convert_to_cpu_computes_in_one_program_and_keeps_structure(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    w = torch.ones(2, 2, device=dev) * 3
+    b = w.sum(0)
+    data = {"w": w, "again": w, "nested": [b, (b + 1, "text")], "n": 4}
+    executions = lazyxla.metrics.counters()["executions"]
+    cpu = xm._maybe_convert_to_cpu(data)
+    assert lazyxla.metrics.counters()["executions"] == executions + 1  # one program for every pending tensor
+    assert cpu["w"].device.type == "cpu" and torch.equal(cpu["w"], torch.full((2, 2), 3.0))
+    assert cpu["again"] is cpu["w"] and cpu["n"] == 4  # a tensor found twice is one CPU tensor
+    assert isinstance(cpu["nested"][1], tuple) and cpu["nested"][1][1] == "text"
+    assert torch.equal(cpu["nested"][1][0], torch.full((2,), 7.0))
+    pending = {"x": w * 2}
+    assert xm._maybe_convert_to_cpu(pending, convert=False) is pending
+    assert lazyxla.metrics.counters()["executions"] == executions + 2  # computed all the same
+    assert pending["x"].device == dev
+
+
+def test_save_computes_on_the_replicas_that_do_not_write(xla, dev, tmp_path, monkeypatch):
+    import torch_xla.core.xla_model as xm
+
+    monkeypatch.setattr(xm, "is_master_ordinal", lambda local=True: False)
+    executions = lazyxla.metrics.counters()["executions"]
+    xm.save({"w": torch.ones(3, device=dev) * 2}, tmp_path / "ckpt.pt")
+    assert not (tmp_path / "ckpt.pt").exists()
+    assert lazyxla.metrics.counters()["executions"] == executions + 1  # the writer's program, run here too
+    xm.save({"w": torch.ones(3, device=dev) * 2}, tmp_path / "ckpt.pt", master_only=False)
+    assert torch.equal(torch.load(tmp_path / "ckpt.pt")["w"], torch.full((3,), 2.0))
+
+
+def test_mp_device_loader_names_the_dataset_accelerate_checkpoints_read(xla, dev):
+    import torch_xla.distributed.parallel_loader as pl
+
+    dataset = [torch.ones(2)] * 4
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2)
+    assert pl.MpDeviceLoader(loader, dev).dataset is dataset
 
 
 def test_amp_and_the_xla_backend(xla, dev):
