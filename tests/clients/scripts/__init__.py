@@ -1,8 +1,9 @@
 """Client scripts written for torch_xla (they import nothing from lazyxla), and how the tests run them.
 
 :func:`run_script` runs one under ``python -m lazyxla.run`` or plain ``python`` (the CPU) in a child process
-and returns each replica's ``result_<rank>.pt``; :func:`assert_params_close` is the comparison rule of the
-client tests (1e-4, relative and absolute).
+and returns each replica's ``result_<rank>.pt`` (:func:`run_on_lazyxla`: on 1 or 2 replicas sharing a global
+batch of 4); :func:`assert_params_close` is the comparison rule of the client tests (1e-4, relative and
+absolute).
 """
 
 from __future__ import annotations
@@ -28,6 +29,36 @@ def run_script(name: str, folder: Path, batch: int, on_lazyxla: bool, replicas: 
     return [torch.load(p, weights_only=True) for p in sorted(folder.glob("result_*.pt"))]
 
 
+def run_on_cpu(name: str, folder: Path) -> dict:
+    """The result of ``scripts/<name>`` with plain python (no lazyxla: the CPU), one process, batch 4."""
+    (result,) = run_script(name, folder, 4, on_lazyxla=False)
+    assert not result["xla"] and result["distributed_type"] == "DistributedType.NO"
+    return result
+
+
+def run_on_lazyxla(name: str, folder: Path, replicas: int) -> list[dict]:
+    """Each replica's result of ``scripts/<name>`` under ``python -m lazyxla.run`` on ``replicas`` replicas
+    (``CPU_NUM_DEVICES``) that share a global batch of 4, as the CPU runs of the tests use."""
+    results = run_script(name, folder, 4 // replicas, on_lazyxla=True, replicas=replicas if replicas > 1 else None)
+    assert len(results) == replicas
+    return results
+
+
+def assert_xla_path(result: dict) -> None:
+    """The script took the libraries' XLA path on lazyxla's device, and no op ran on the CPU."""
+    assert result["xla"] and result["distributed_type"] == "DistributedType.XLA"
+    assert result["device"] == result["param_device"] == "lazyxla:0"
+    assert result["train_loader"] == "MpDeviceLoaderWrapper"  # accelerate's subclass of pl.MpDeviceLoader
+    assert result["cpu_ops"] == [], f"ops ran on the CPU: {result['cpu_ops']}"
+
+
+def assert_replicas_agree(results: list[dict], key: str) -> None:
+    """Every replica holds the same parameters ``result[key]``: they applied the same all-reduced updates."""
+    for other in results[1:]:
+        for name, value in results[0][key].items():
+            assert torch.equal(other[key][name], value), name
+
+
 def assert_params_close(got: dict, want: dict) -> None:
     """Every tensor of ``got`` within :data:`RTOL` of ``want``'s (same names)."""
     assert got.keys() == want.keys()
@@ -35,6 +66,9 @@ def assert_params_close(got: dict, want: dict) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=RTOL, atol=RTOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def largest_change(after: dict, before: dict) -> float:
-    """How far training moved the parameters: the largest element-wise difference."""
-    return max((after[n] - before[n]).abs().max().item() for n in after)
+def assert_same_start_and_real_training(result: dict, cpu: dict) -> None:
+    """Both runs started from the same weights, and the CPU run moved them far more than :data:`RTOL` (so
+    that comparing trained weights at that tolerance means something)."""
+    assert_params_close(result["initial"], cpu["initial"])
+    moved = max((cpu["final"][n] - cpu["initial"][n]).abs().max().item() for n in cpu["final"])
+    assert moved > 100 * RTOL, f"training moved the weights by {moved}: too little for the comparison"

@@ -26,46 +26,14 @@ import os
 import sys
 
 import torch
-import transformers as T
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, is_torch_xla_available, set_seed
+from hf_common import compiled, cpu_ops, examples, llama, xmp
 from torch.utils.data import DataLoader
-
-try:
-    import torch_xla.debug.metrics as met
-    import torch_xla.distributed.xla_multiprocessing as xmp
-except ImportError:
-    met = xmp = None
-
-VOCAB = 64
-
-
-def examples(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (n, 8), generator=g)
-    return [{"input_ids": x, "labels": x.clone()} for x in ids]
-
-
-def llama():
-    config = T.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return T.LlamaForCausalLM(config)
 
 
 def cpu_state(accelerator, model):
     return {k: v.detach().cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-
-
-def compiled():
-    """Programs compiled so far (torch_xla's UncachedCompile counter), None on the CPU."""
-    return met.counter_value("UncachedCompile") or 0 if met is not None else None
 
 
 def train(accelerator, model, optimizer, scheduler, loader, record, save_to=None):
@@ -139,7 +107,7 @@ def main(out, batch):
         "loaded": loaded,
         "resumed": host(resumed),
         "resumed_final": cpu_state(accelerator, model),
-        "cpu_ops": sorted(n for n in met.counter_names() if n.startswith("aten::")) if met else [],
+        "cpu_ops": cpu_ops(),
     }
     torch.save(result, os.path.join(out, f"result_{accelerator.process_index}.pt"))
 

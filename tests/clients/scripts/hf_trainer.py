@@ -19,35 +19,13 @@ import sys
 
 import torch
 import transformers as T
+from hf_common import compiled, cpu_ops, examples, llama, xmp
 from transformers.utils import is_torch_xla_available
 
-try:
-    import torch_xla.debug.metrics as met
-    import torch_xla.distributed.xla_multiprocessing as xmp
-except ImportError:
-    met = xmp = None
 
-VOCAB = 64
-
-
-def examples(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (n, 8), generator=g)
-    return [{"input_ids": x, "labels": x.clone()} for x in ids]
-
-
-def llama(seed):
+def seeded_llama(seed):
     torch.manual_seed(seed)
-    config = T.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return T.LlamaForCausalLM(config)
+    return llama()
 
 
 def cpu_state(model):
@@ -61,8 +39,7 @@ class CompileCounts(T.TrainerCallback):
         self.counts = []
 
     def on_step_end(self, args, state, control, **kwargs):
-        if met is not None:
-            self.counts.append(met.counter_value("UncachedCompile") or 0)
+        self.counts.append(compiled())
 
 
 def trainer(out, batch, model, counts):
@@ -85,13 +62,13 @@ def trainer(out, batch, model, counts):
 
 
 def main(out, batch):
-    model = llama(0)
+    model = seeded_llama(0)
     initial = cpu_state(model)
     counts = CompileCounts()
     first = trainer(out, batch, model, counts)
     first.train()
     final = cpu_state(first.model)
-    second = trainer(out, batch, llama(1), CompileCounts())
+    second = trainer(out, batch, seeded_llama(1), CompileCounts())
     second.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
     args = first.args
     optimizer = first.optimizer.optimizer  # the torch optimizer inside accelerate's wrapper
@@ -111,7 +88,7 @@ def main(out, batch):
         "resumed_logs": second.state.log_history,
         "resumed": cpu_state(second.model),
         "compiles": counts.counts,
-        "cpu_ops": sorted(n for n in met.counter_names() if n.startswith("aten::")) if met else [],
+        "cpu_ops": cpu_ops(),
     }
     torch.save(result, os.path.join(out, f"result_{args.process_index}.pt"))
 
