@@ -578,7 +578,7 @@ def test_maybe_convert_to_cpu_computes_in_one_program_and_keeps_structure(xla, d
     assert pending["x"].device == dev
 
 
-def test_save_computes_on_the_replicas_that_do_not_write(xla, dev, tmp_path, monkeypatch):
+def test_save_and_do_on_ordinals_compute_on_the_replicas_that_do_not_write(xla, dev, tmp_path, monkeypatch):
     import torch_xla.core.xla_model as xm
 
     monkeypatch.setattr(xm, "is_master_ordinal", lambda local=True: False)
@@ -588,6 +588,11 @@ def test_save_computes_on_the_replicas_that_do_not_write(xla, dev, tmp_path, mon
     assert lazyxla.metrics.counters()["executions"] == executions + 1  # the writer's program, run here too
     xm.save({"w": torch.ones(3, device=dev) * 2}, tmp_path / "ckpt.pt", master_only=False)
     assert torch.equal(torch.load(tmp_path / "ckpt.pt")["w"], torch.full((3,), 2.0))
+    seen = []
+    assert xm.do_on_ordinals(seen.append, (torch.ones(2, device=dev) * 5,), ordinals=(1,)) is None and not seen
+    assert lazyxla.metrics.counters()["executions"] == executions + 3  # computed on ordinal 0 all the same
+    xm.do_on_ordinals(seen.append, (torch.ones(2, device=dev) * 5,))
+    assert seen[0].device.type == "cpu" and torch.equal(seen[0], torch.full((2,), 5.0))
 
 
 def test_mp_device_loader_names_the_dataset_accelerate_checkpoints_read(xla, dev):
