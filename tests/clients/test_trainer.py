@@ -64,7 +64,8 @@ def assert_logs_close(got: list[dict], want: list[dict]) -> None:
 def assert_equals_cpu(result: dict, cpu: dict) -> None:
     assert_same_start_and_real_training(result, cpu)
     assert_logs_close(result["logs"], cpu["logs"])
-    assert_params_close(result["final"], cpu["final"])
+    largest = assert_params_close(result["final"], cpu["final"])
+    print(f"Trainer on {result['world_size']} replica(s): largest parameter difference from the CPU {largest:.1e}")
     assert_logs_close(result["resumed_logs"], cpu["resumed_logs"])
     assert_params_close(result["resumed"], cpu["final"])  # resuming from checkpoint-2 ends where training did
 

@@ -59,11 +59,12 @@ def assert_replicas_agree(results: list[dict], key: str) -> None:
             assert torch.equal(other[key][name], value), name
 
 
-def assert_params_close(got: dict, want: dict) -> None:
-    """Every tensor of ``got`` within :data:`RTOL` of ``want``'s (same names)."""
+def assert_params_close(got: dict, want: dict) -> float:
+    """Every tensor of ``got`` within :data:`RTOL` of ``want``'s (same names); returns the largest difference."""
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=RTOL, atol=RTOL, msg=lambda m, n=name: f"{n}: {m}")
+    return max((got[n] - want[n]).abs().max().item() for n in want)
 
 
 def assert_same_start_and_real_training(result: dict, cpu: dict) -> None:
