@@ -48,7 +48,7 @@ def trainer(out, batch, model, counts):
         per_device_train_batch_size=batch,
         per_device_eval_batch_size=batch,
         gradient_accumulation_steps=2,
-        learning_rate=1e-2,  # Trainer's 5e-5 would move the weights less than the tolerance of the comparison
+        learning_rate=5e-3,  # Trainer's 5e-5 would move the weights less than the tolerance of the comparison
         max_steps=4,
         eval_strategy="steps",
         eval_steps=2,
