@@ -44,15 +44,8 @@ ARCHITECTURES = {
     ),
     "opt": lambda: T.OPTForCausalLM(
         T.OPTConfig(
-            vocab_size=V,
-            hidden_size=32,
-            ffn_dim=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=32,
-            word_embed_proj_dim=32,
-            dropout=0.0,
-            attention_dropout=0.0,
+            vocab_size=V, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=32, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
         )
     ),  # fmt: skip
     "bloom": lambda: T.BloomForCausalLM(
@@ -62,13 +55,7 @@ ARCHITECTURES = {
     "roberta": lambda: T.RobertaForMaskedLM(T.RobertaConfig(**_ENCODER, **_NO_DROPOUT)),
     "distilbert": lambda: T.DistilBertForMaskedLM(
         T.DistilBertConfig(
-            vocab_size=V,
-            dim=32,
-            hidden_dim=64,
-            n_layers=2,
-            n_heads=4,
-            max_position_embeddings=32,
-            dropout=0.0,
+            vocab_size=V, dim=32, hidden_dim=64, n_layers=2, n_heads=4, max_position_embeddings=32, dropout=0.0,
             attention_dropout=0.0,
         )
     ),  # fmt: skip
