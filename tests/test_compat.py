@@ -13,7 +13,6 @@ import importlib.util
 import inspect
 import os
 import re
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -25,43 +24,13 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.compat as compat
+from tests.util import ROOT, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "torch_xla"
 RTOL = 1e-5  # relative difference allowed between a loss on lazyxla and on CPU eager
 
-# Variables of the test's own environment that would change how the scripts run.
-_SCRUB = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "PJRT_DEVICE",
-    "CPU_NUM_DEVICES",
-    "GPU_NUM_DEVICES",
-    "TPU_NUM_DEVICES",
-    "JAX_PLATFORMS",
-)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("LAZYXLA_")}
-    env.update(PYTHONPATH=str(ROOT), LAZYXLA_PERSISTENT_CACHE="0", JAX_PLATFORMS="cpu")
-    env.update(extra)
-    return env
-
-
-def _run(args: list[str], cwd: Path, timeout: int = 240, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=_env(**extra), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
 def _run_example(name: str, args: list[str], tmp_path: Path, writes: tuple = (), **extra: str) -> str:
-    proc = _run(["-m", "lazyxla.run", str(EXAMPLES / name), *args], tmp_path, **extra)
+    proc = run_python(["-m", "lazyxla.run", str(EXAMPLES / name), *args], tmp_path, **extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(writes), "the script wrote other files"
     return proc.stdout
@@ -242,7 +211,7 @@ print("ok")
 def test_spmd_mapping_of_meshes_specs_and_loader_sharding(tmp_path):
     script = tmp_path / "spmd_mapping.py"
     script.write_text(SPMD_MAPPING)
-    proc = _run(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, CPU_NUM_DEVICES="4")
+    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, CPU_NUM_DEVICES="4")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -298,13 +267,13 @@ def test_install_never_shadows_a_real_torch_xla(tmp_path):
         "print(getattr(torch_xla, 'REAL', False))\n"
     )
     env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"}
-    proc = _run(["-c", code], tmp_path, timeout=120, **env)
+    proc = run_python(["-c", code], tmp_path, timeout=120, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "False", "True", "True"]
 
     script = tmp_path / "uses_torch_xla.py"
     script.write_text("import torch_xla\nprint('real' if getattr(torch_xla, 'REAL', False) else 'compat')\n")
-    proc = _run(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, **env)
+    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=120, **env)
     assert proc.returncode == 0 and proc.stdout.strip() == "real", proc.stderr[-3000:]
     assert "a real torch_xla is installed" in proc.stderr
 
@@ -315,10 +284,10 @@ def test_run_passes_arguments_and_runs_modules(tmp_path):
     (tmp_path / "pkg" / "tool.py").write_text(
         "import sys, torch_xla\nprint(__name__, sys.argv[1:], torch_xla.__name__)\n"
     )
-    proc = _run(["-m", "lazyxla.run", "-m", "pkg.tool", "--flag", "x"], tmp_path, timeout=120)
+    proc = run_python(["-m", "lazyxla.run", "-m", "pkg.tool", "--flag", "x"], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "__main__ ['--flag', 'x'] lazyxla.compat.torch_xla"
-    proc = _run(["-m", "lazyxla.run"], tmp_path, timeout=120)
+    proc = run_python(["-m", "lazyxla.run"], tmp_path, timeout=120)
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
@@ -336,13 +305,13 @@ def test_run_gives_the_script_the_sys_path_python_gives_it(tmp_path):
         "print(helper.WHERE, sys.path[0] == os.path.dirname(os.path.realpath(__file__)), os.getcwd() in sys.path)\n"
         "if len(sys.argv) > 1:\n    import torch_xla\n    print(torch_xla.__name__)\n"
     )
-    plain = _run([str(script)], cwd, timeout=120)
+    plain = run_python([str(script)], cwd, timeout=120)
     assert plain.returncode == 0 and plain.stdout.split() == ["script", "True", "False"], plain.stderr[-3000:]
-    proc = _run(["-m", "lazyxla.run", str(script), "torch_xla"], cwd, timeout=120)
+    proc = run_python(["-m", "lazyxla.run", str(script), "torch_xla"], cwd, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["script", "True", "False", "lazyxla.compat.torch_xla"]
     assert "a real torch_xla is installed" not in proc.stderr
-    relative = _run(["-m", "lazyxla.run", os.path.join("..", "scripts", "main.py")], cwd, timeout=120)
+    relative = run_python(["-m", "lazyxla.run", os.path.join("..", "scripts", "main.py")], cwd, timeout=120)
     assert relative.returncode == 0 and relative.stdout.split() == plain.stdout.split(), relative.stderr[-3000:]
 
 
@@ -393,6 +362,9 @@ SIGNATURES = {
     "torch_xla.core.xla_model.wait_device_ops": ["devices"],
     "torch_xla.core.xla_model.set_rng_state": ["seed", "device"],
     "torch_xla.core.xla_model.get_rng_state": ["device"],
+    "torch_xla.core.xla_model.set_replication": ["device", "devices"],
+    "torch_xla.core.xla_model._fetch_gradients": ["optimizer"],
+    "torch_xla.core.xla_model._maybe_convert_to_cpu": ["data", "convert"],
     "torch_xla.runtime.use_spmd": ["auto"],
     "torch_xla.distributed.xla_multiprocessing.spawn": ["fn", "args", "nprocs", "join", "daemon", "start_method"],
     "torch_xla.distributed.parallel_loader.MpDeviceLoader": ["loader", "device", "kwargs"],
@@ -558,6 +530,78 @@ def test_mp_device_loader_marks_each_step_and_fixes_the_batch_size(xla, dev):
     assert len(fixed) == 3
     para = pl.ParallelLoader(xu.SampleGenerator(data=(torch.ones(2),), sample_count=3), [dev])
     assert len(list(para.per_device_loader(dev))) == 3 and para.per_device_samples() == 3
+
+
+def test_set_replication_checks_what_torch_xla_checks(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    xm.set_replication(dev, xm.get_xla_supported_devices())  # what accelerate's PartialState calls
+    xm.set_replication(str(dev), [])  # no replication
+    with pytest.raises(RuntimeError, match="not a lazyxla device"):
+        xm.set_replication("cpu", xm.get_xla_supported_devices())
+    with pytest.raises(RuntimeError, match="every device of the process"):
+        xm.set_replication(dev, [*xm.get_xla_supported_devices(), "lazyxla:7"])
+
+
+def test_fetch_gradients_aliases_the_gradients_accelerate_all_reduces_in_place(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).to(dev)
+    model[0].bias.requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 3, device=dev)).sum().backward()
+    grads = xm._fetch_gradients(opt)
+    with_grad = [p for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(with_grad) == 3
+    before = [p.grad.cpu() for p in with_grad]
+    for g in grads:  # accelerate: xm.all_reduce("sum", grads, scale=1 / world) reduces these in place
+        g.mul_(0.5)
+    for p, b in zip(with_grad, before):
+        torch.testing.assert_close(p.grad.cpu(), b * 0.5)
+
+
+def test_maybe_convert_to_cpu_computes_in_one_program_and_keeps_structure(xla, dev):
+    import torch_xla.core.xla_model as xm
+
+    w = torch.ones(2, 2, device=dev) * 3
+    b = w.sum(0)
+    data = {"w": w, "again": w, "nested": [b, (b + 1, "text")], "n": 4}
+    executions = lazyxla.metrics.counters()["executions"]
+    cpu = xm._maybe_convert_to_cpu(data)
+    assert lazyxla.metrics.counters()["executions"] == executions + 1  # one program for every pending tensor
+    assert cpu["w"].device.type == "cpu" and torch.equal(cpu["w"], torch.full((2, 2), 3.0))
+    assert cpu["again"] is cpu["w"] and cpu["n"] == 4  # a tensor found twice is one CPU tensor
+    assert isinstance(cpu["nested"][1], tuple) and cpu["nested"][1][1] == "text"
+    assert torch.equal(cpu["nested"][1][0], torch.full((2,), 7.0))
+    pending = {"x": w * 2}
+    assert xm._maybe_convert_to_cpu(pending, convert=False) is pending
+    assert lazyxla.metrics.counters()["executions"] == executions + 2  # computed all the same
+    assert pending["x"].device == dev
+
+
+def test_save_and_do_on_ordinals_compute_on_the_replicas_that_do_not_write(xla, dev, tmp_path, monkeypatch):
+    import torch_xla.core.xla_model as xm
+
+    monkeypatch.setattr(xm, "is_master_ordinal", lambda local=True: False)
+    executions = lazyxla.metrics.counters()["executions"]
+    xm.save({"w": torch.ones(3, device=dev) * 2}, tmp_path / "ckpt.pt")
+    assert not (tmp_path / "ckpt.pt").exists()
+    assert lazyxla.metrics.counters()["executions"] == executions + 1  # the writer's program, run here too
+    xm.save({"w": torch.ones(3, device=dev) * 2}, tmp_path / "ckpt.pt", master_only=False)
+    assert torch.equal(torch.load(tmp_path / "ckpt.pt")["w"], torch.full((3,), 2.0))
+    seen = []
+    assert xm.do_on_ordinals(seen.append, (torch.ones(2, device=dev) * 5,), ordinals=(1,)) is None and not seen
+    assert lazyxla.metrics.counters()["executions"] == executions + 3  # computed on ordinal 0 all the same
+    xm.do_on_ordinals(seen.append, (torch.ones(2, device=dev) * 5,))
+    assert seen[0].device.type == "cpu" and torch.equal(seen[0], torch.full((2,), 5.0))
+
+
+def test_mp_device_loader_names_the_dataset_accelerate_checkpoints_read(xla, dev):
+    import torch_xla.distributed.parallel_loader as pl
+
+    dataset = [torch.ones(2)] * 4
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2)
+    assert pl.MpDeviceLoader(loader, dev).dataset is dataset
 
 
 def test_amp_and_the_xla_backend(xla, dev):

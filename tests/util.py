@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 import lazyxla
@@ -96,3 +102,52 @@ def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=No
         if on_step is not None:
             on_step()
     return model, [float(v.item()) for v in losses]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Variables of the test's own environment that would change how a script runs in a child process.
+SCRUBBED_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "PJRT_DEVICE",
+    "CPU_NUM_DEVICES",
+    "GPU_NUM_DEVICES",
+    "TPU_NUM_DEVICES",
+    "JAX_PLATFORMS",
+)
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python: this one without launcher, PJRT and lazyxla variables, lazyxla on
+    ``PYTHONPATH``, jax on the CPU, no persistent compile cache; ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV and not k.startswith("LAZYXLA_")}
+    env.update(PYTHONPATH=str(ROOT), LAZYXLA_PERSISTENT_CACHE="0", JAX_PLATFORMS="cpu")
+    env.update(extra)
+    return env
+
+
+def run_python(args: list[str], cwd: Path, timeout: int = 240, **extra: str) -> subprocess.CompletedProcess:
+    """``python *args`` in ``cwd`` with :func:`script_env`; output captured. The child leads a new process
+    group: on a timeout the whole group (the processes it started included) is killed before raising."""
+    with subprocess.Popen(
+        [sys.executable, *args],
+        env=script_env(**extra),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -31,7 +31,8 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
 from lazyxla.device import devices
-from lazyxla.lazy import rng
+from lazyxla.lazy import graph, rng
+from lazyxla.lazy.tensor import unwrap
 from lazyxla.observe import metrics
 from lazyxla.util import atomic_write, map_tensors
 
@@ -141,6 +142,34 @@ def is_xla_tensor(tensor: torch.Tensor) -> bool:
 
 
 # --- replicas --------------------------------------------------------------------------------------
+
+
+def set_replication(device, devices) -> None:
+    """Declare ``device`` this thread's device and ``devices`` the devices it replicates over, as accelerate's
+    ``PartialState`` does with ``xm.set_replication(xm.xla_device(), xm.get_xla_supported_devices())``.
+
+    lazyxla's replicas are processes (``xmp.spawn``), each driving its devices itself, so there is nothing to
+    set up: the call checks what torch_xla checks. ``devices`` (when not empty) must be every device of this
+    process and hold ``device``; an empty list means no replication.
+
+    Example::
+
+        xm.set_replication(xm.xla_device(), xm.get_xla_supported_devices())
+    """
+    device = torch.device(device)
+    if device.type != "lazyxla":
+        raise RuntimeError(f"xm.set_replication: {device} is not a lazyxla device (use xm.xla_device())")
+    names = [str(torch.device(d)) for d in devices or ()]
+    if not names:
+        return
+    local = [str(d) for d in lazyxla.devices()]
+    if sorted(names) != sorted(local):
+        raise RuntimeError(
+            f"xm.set_replication: cannot replicate over {names}: replication spans every device of the process "
+            f"{local} (xm.get_xla_supported_devices()); replicas in other processes come from xmp.spawn"
+        )
+    if str(device) not in names:
+        raise ValueError(f"xm.set_replication: {device} is not one of the replication devices {names}")
 
 
 def xrt_world_size(defval: int = 1) -> int:
@@ -404,6 +433,24 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
     mark_step()
 
 
+def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients (``p.grad.data``) of ``optimizer``'s parameters that have one, in parameter order:
+    what :func:`reduce_gradients` all-reduces. torch_xla's private helper, which accelerate calls before its
+    own in-place ``xm.all_reduce`` of the gradients.
+
+    Example::
+
+        grads = xm._fetch_gradients(opt)
+        xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / xr.world_size())
+    """
+    return [
+        p.grad.data
+        for group in optimizer.__getstate__()["param_groups"]
+        for p in group["params"]
+        if isinstance(p, torch.Tensor) and p.grad is not None
+    ]
+
+
 def reduce_gradients(optimizer: torch.optim.Optimizer, groups=None, pin_layout: bool = True) -> None:
     """Average the gradients of ``optimizer``'s parameters over the replicas, in place (nothing with one
     replica, or in SPMD mode, where XLA's partitioner places the reductions).
@@ -466,8 +513,34 @@ def xla_rendezvous(payload: bytes = b"", ordinals: list | None = None, tag: str 
     return rendezvous(tag or "xla_rendezvous", payload, ordinals)
 
 
-def _cpu(data):
-    return map_tensors(data, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
+def _device_tensors(data) -> list[torch.Tensor]:
+    """The lazyxla tensors in nested dicts, lists and tuples, each once."""
+    found: dict[int, torch.Tensor] = {}
+    map_tensors(data, lambda t: found.setdefault(id(t), t) if t.device.type == "lazyxla" else t)
+    return list(found.values())
+
+
+def _maybe_convert_to_cpu(data, convert: bool = True):
+    """Compute the lazyxla tensors in ``data`` (nested dicts, lists, tuples) in one program and, with
+    ``convert``, return ``data`` with each of them replaced by its CPU copy (containers keep their type; a
+    tensor found twice gives one CPU tensor, so aliasing survives). ``convert=False`` only computes them and
+    returns ``data`` itself: the replicas that do not write a checkpoint run the same program as the one that
+    does. torch_xla's private helper, which accelerate (``accelerate.utils.save``) and transformers (TPU
+    checkpoints) call.
+
+    Example::
+
+        cpu_state = xm._maybe_convert_to_cpu(model.state_dict())
+        torch.save(cpu_state, "model.pt")
+    """
+    found = _device_tensors(data)
+    pending = [unwrap(t) for t in found]
+    if pending:
+        graph.sync_tensors(pending, reason="xm._maybe_convert_to_cpu")
+    if not convert:
+        return data
+    copies = {id(t): t.detach().cpu() for t in found}
+    return map_tensors(data, lambda t: copies.get(id(t), t))
 
 
 def mesh_reduce(tag: str, data, reduce_fn: Callable):
@@ -479,7 +552,7 @@ def mesh_reduce(tag: str, data, reduce_fn: Callable):
 
         acc = xm.mesh_reduce("test_accuracy", accuracy, np.mean)
     """
-    return lazyxla.runtime.mesh_reduce(tag, _cpu(data), reduce_fn)
+    return lazyxla.runtime.mesh_reduce(tag, _maybe_convert_to_cpu(data), reduce_fn)
 
 
 def do_on_ordinals(target: Callable, data=(), ordinals=(0,)):
@@ -491,7 +564,8 @@ def do_on_ordinals(target: Callable, data=(), ordinals=(0,)):
         xm.do_on_ordinals(write_report, (metrics,))
     """
     running = get_ordinal() in ordinals
-    result = target(*_cpu(data)) if running else None
+    cpu_data = _maybe_convert_to_cpu(data, convert=running)
+    result = target(*cpu_data) if running else None
     rendezvous("torch_xla.core.xla_model.do_on_ordinals")
     return result
 
@@ -500,16 +574,18 @@ def save(data, file_or_path, master_only: bool = True, global_master: bool = Fal
     """``torch.save`` of ``data`` with device tensors moved to the CPU first.
 
     With ``master_only`` (default) only the master writes: each host's local master, or with
-    ``global_master=True`` only replica 0. A path is written atomically (the old file or the whole new
-    one, never a part). There is no barrier, as in torch_xla.
+    ``global_master=True`` only replica 0. Every replica computes the tensors (the same program), as in
+    torch_xla. A path is written atomically (the old file or the whole new one, never a part). There is no
+    barrier, as in torch_xla.
 
     Example::
 
         xm.save(model.state_dict(), "model.pt")
     """
-    if master_only and not is_master_ordinal(local=not global_master):
+    writes = not master_only or is_master_ordinal(local=not global_master)
+    cpu = _maybe_convert_to_cpu(data, convert=writes)
+    if not writes:
         return
-    cpu = _cpu(data)
     if isinstance(file_or_path, (str, os.PathLike)):
         buffer = io.BytesIO()
         torch.save(cpu, buffer)
@@ -652,9 +728,6 @@ optimization_barrier_ = stub(
 )
 get_stablehlo_bytecode = stub(
     "torch_xla.core.xla_model.get_stablehlo_bytecode", "lazyxla.export(fn, args) for a serialized StableHLO artifact"
-)
-set_replication = stub(
-    "torch_xla.core.xla_model.set_replication", "xmp.spawn / lazyxla.spawn (one replica per process)"
 )
 
 

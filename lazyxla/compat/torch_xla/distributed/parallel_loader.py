@@ -194,6 +194,19 @@ class MpDeviceLoader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    @property
+    def dataset(self):
+        """The wrapped loader's dataset (a lazyxla addition: torch_xla's ``MpDeviceLoader`` has no
+        ``dataset``, so accelerate's ``save_state``/``load_state``, which read it from every prepared
+        loader, fail there with an AttributeError).
+
+        Example::
+
+            loader = pl.MpDeviceLoader(DataLoader(ds, batch_size=8), dev)
+            assert loader.dataset is ds
+        """
+        return self._loader.dataset
+
 
 def __getattr__(name: str):
     raise missing_attribute(__name__, name)

@@ -1,0 +1,105 @@
+"""A transformers ``Trainer`` script as a torch_xla user writes it (it imports nothing from lazyxla).
+
+Under ``python -m lazyxla.run`` transformers finds ``torch_xla`` and takes its XLA code paths (accelerate's
+``DistributedType.XLA``, ``MpDeviceLoader``, ``xm.mark_step``, ``xm.save``, ...); with plain ``python`` it
+trains on the CPU. ``xmp.spawn`` starts one replica per device (``CPU_NUM_DEVICES=2``: two processes).
+
+It trains a tiny random Llama for 4 optimizer steps with Trainer's defaults (fused AdamW, pinned memory,
+``max_grad_norm=1.0``, linear schedule) plus gradient accumulation, evaluation and checkpoints every 2 steps,
+then trains again from ``checkpoint-2`` (``resume_from_checkpoint``) to step 4. Every replica writes what it
+saw to ``<out>/result_<rank>.pt``: logs, parameters, the device and distributed facts, compile counts per
+step and the ops that ran on the CPU.
+
+    python -m lazyxla.run hf_trainer.py OUT BATCH          # on lazyxla (CPU_NUM_DEVICES=2: 2 replicas)
+    python hf_trainer.py OUT BATCH                         # on the CPU
+"""
+
+import os
+import sys
+
+import torch
+import transformers as T
+from hf_common import compiled, cpu_ops, examples, llama, xmp
+from transformers.utils import is_torch_xla_available
+
+
+def seeded_llama(seed):
+    torch.manual_seed(seed)
+    return llama()
+
+
+def cpu_state(model):
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+class CompileCounts(T.TrainerCallback):
+    """Programs compiled so far, at the end of each optimizer step (torch_xla's UncachedCompile counter)."""
+
+    def __init__(self):
+        self.counts = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.counts.append(compiled())
+
+
+def trainer(out, batch, model, counts):
+    args = T.TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=batch,
+        per_device_eval_batch_size=batch,
+        gradient_accumulation_steps=2,
+        learning_rate=5e-3,  # Trainer's 5e-5 would move the weights less than the tolerance of the comparison
+        max_steps=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_steps=2,
+        logging_steps=1,
+        report_to="none",
+    )
+    return T.Trainer(
+        model=model, args=args, train_dataset=examples(32, 1), eval_dataset=examples(8, 2), callbacks=[counts]
+    )
+
+
+def main(out, batch):
+    model = seeded_llama(0)
+    initial = cpu_state(model)
+    counts = CompileCounts()
+    first = trainer(out, batch, model, counts)
+    first.train()
+    final = cpu_state(first.model)
+    second = trainer(out, batch, seeded_llama(1), CompileCounts())
+    second.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    args = first.args
+    optimizer = first.optimizer.optimizer  # the torch optimizer inside accelerate's wrapper
+    result = {
+        "xla": is_torch_xla_available(),
+        "device": str(args.device),
+        "param_device": str(next(first.model.parameters()).device),
+        "distributed_type": str(first.accelerator.distributed_type),
+        "parallel_mode": str(args.parallel_mode),
+        "world_size": args.world_size,
+        "optimizer": type(optimizer).__name__,
+        "fused": optimizer.defaults.get("fused"),
+        "train_loader": type(first.get_train_dataloader()).__name__,
+        "logs": first.state.log_history,
+        "initial": initial,
+        "final": final,
+        "resumed_logs": second.state.log_history,
+        "resumed": cpu_state(second.model),
+        "compiles": counts.counts,
+        "cpu_ops": cpu_ops(),
+    }
+    torch.save(result, os.path.join(out, f"result_{args.process_index}.pt"))
+
+
+def _mp_fn(index, out, batch):
+    main(out, batch)
+
+
+if __name__ == "__main__":
+    out, batch = sys.argv[1], int(sys.argv[2])
+    if xmp is not None:
+        xmp.spawn(_mp_fn, args=(out, batch))
+    else:
+        main(out, batch)
