@@ -466,7 +466,7 @@ def _finish(func, inputs, template, avals, spec, device, base, random):
         inputs += ((rng.next_key_leaf(device), 0),)
     n = node(func, inputs, template, avals, device, base)
     if _flags["explain_recompiles"]:
-        n.source = diagnostics.user_frame(2)
+        diagnostics.note_recorded(n)
     _counters["ops_recorded"] += 1
     if type(spec) is int:
         return LazyTensor((n, spec), avals[spec])
