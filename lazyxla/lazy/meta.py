@@ -78,7 +78,7 @@ class NoMeta(Exception):
 
 
 def _is_scalar_type(t) -> bool:
-    """Argument types where a Python float is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
+    """Argument types where a Python number is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
     if isinstance(t, (torch.NumberType, torch.TensorType)):
         return True
     if isinstance(t, torch.OptionalType):
@@ -120,15 +120,15 @@ def _int_input(v: int, kind: int) -> bool:
 
 
 def int_range(v: int) -> tuple:
-    """A class of ints that PyTorch's value checks treat alike: sign, bit lengths (an integer dtype's range,
-    unsigned ones taking -255 for uint8), beyond float16's range, zero (integer division).
+    """A class of ints that PyTorch's value checks treat alike: sign and bit lengths, which decide whether it
+    fits an integer dtype (uint8 takes -255 to 255, int8 -128 to 127) and whether it is 0 (integer division).
 
     Meta inference and the CPU check run once per class, with the value that class was first seen with,
     so an int input that overflows its op's dtype still raises PyTorch's error at the call.
 
     Example: ``int_range(127) == int_range(100)`` but ``int_range(128) != int_range(127)``.
     """
-    return (v < 0, v.bit_length(), (~v).bit_length() if v < 0 else 0, abs(v) > 65504)
+    return (v < 0, v.bit_length(), (~v).bit_length() if v < 0 else 0)
 
 
 class _Flat:
