@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lazyxla
+from lazyxla.lowering import cache
 
 _DTYPES = [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float32, torch.bfloat16]
 
@@ -30,6 +31,12 @@ _OPS = [
     ("t // (k + 1)", lambda t, m, k: t // (k + 1)),
     ("t & k", lambda t, m, k: t & k),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _no_compiled_programs():
+    """Compile counts are this test's own: programs other tests left in memory would be hits."""
+    cache.clear()
 
 
 def _sample(dtype):

@@ -99,6 +99,7 @@ class OpSig:
     values: tuple = dataclasses.field(default=(), compare=False)
     overload: Any = dataclasses.field(default=None, compare=False)
     pending: bool = dataclasses.field(default=False, compare=False)
+    donated: bool = dataclasses.field(default=False, compare=False)  # an input whose buffer the program takes
 
     @property
     def is_input(self) -> bool:
@@ -111,7 +112,7 @@ class OpSig:
         return self.op
 
 
-def signature(order, leaves, pending_before: int = 0) -> list[OpSig]:
+def signature(order, leaves, pending_before: int = 0, donated=()) -> list[OpSig]:
     """A comparable description of a graph, for ``diff``: its ops in the order they were recorded, each graph
     input just before its first use, wired by position in that sequence.
 
@@ -119,8 +120,9 @@ def signature(order, leaves, pending_before: int = 0) -> list[OpSig]:
     step to step whatever changed; the order of a program's arguments is not (it follows the roots' hashes,
     which change with any shape), so inputs are matched by what first uses them, not by argument position.
     Nodes recorded without it keep the walk's post-order. Ops recorded up to ``pending_before`` (a recording
-    count) are marked ``pending``.
+    count) are marked ``pending``, and the leaves at the indices ``donated`` are marked ``donated``.
     """
+    given = {id(leaves[i]) for i in donated}
     nodes = sorted(order, key=lambda n: n.seq)
     if any(n.seq == 0 for n in order) and any(n.seq for n in order):
         nodes = list(order)  # (recorded partly with explanations off: the walk's order is always consistent)
@@ -130,7 +132,7 @@ def signature(order, leaves, pending_before: int = 0) -> list[OpSig]:
         for m, _ in n.inputs:
             if id(m) not in pos:
                 pos[id(m)] = len(sig)
-                sig.append(_input_sig(m))
+                sig.append(_input_sig(m, id(m) in given))
         args = tuple((pos[id(m)], i) for m, i in n.inputs)
         ins = tuple((tuple(m.avals[i].shape), str(m.avals[i].dtype)) for m, i in n.inputs)
         outs = tuple((tuple(a.shape), str(a.dtype)) for a in n.avals)
@@ -141,9 +143,9 @@ def signature(order, leaves, pending_before: int = 0) -> list[OpSig]:
     return sig
 
 
-def _input_sig(n) -> OpSig:
+def _input_sig(n, donated: bool) -> OpSig:
     a = n.avals[0]
-    return OpSig(f"<{n.op.value}>", "", (), (), ((tuple(a.shape), str(a.dtype)),), n.source)
+    return OpSig(f"<{n.op.value}>", "", (), (), ((tuple(a.shape), str(a.dtype)),), n.source, donated=donated)
 
 
 def _constants(template) -> tuple:
@@ -281,12 +283,26 @@ def diff(old: list[OpSig], new: list[OpSig]) -> str:
     k = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), None)
     if k is None:
         if len(old) == len(new):
-            return "the same ops, shapes and constants: inputs laid out or donated differently, or another setting"
+            return _donation(old, new)
         k = min(len(old), len(new))
         return _extra(new, k, len(new) - k) if len(new) > k else _missing(old, new, k, len(old) - k)
     if old[k].key == new[k].key and _user(old, k) == _user(new, k):
         return _substitution(old, new, k)
     return _shifted(old, new, k) or _diverged(old, new, k)
+
+
+def _donation(old: list[OpSig], new: list[OpSig]) -> str:
+    """Two graphs alike in ops, shapes and constants: the first input one donates and the other does not."""
+    k = next((k for k, (a, b) in enumerate(zip(old, new)) if a.donated != b.donated), None)
+    if k is None:
+        return "the same ops, shapes and constants: inputs laid out differently, or another setting"
+    now, then = ("gives", "kept") if new[k].donated else ("keeps", "gave")
+    return (
+        f"the same ops, shapes and constants, but this program {now} the buffer of {_input(new, k)} "
+        f"({_kind(new[k])}){_first_user(new, k)} to its outputs, where the last one compiled here {then} it: a "
+        "program may reuse the buffers no live tensor holds after the sync, so a tensor kept alive in one step "
+        "and not in another (or a caller's reference) makes two programs"
+    )
 
 
 def _user(sig: list[OpSig], k: int) -> str | None:
@@ -411,10 +427,11 @@ _recompiles: list[dict[str, Any]] = []
 _last_graph: dict[str, list[OpSig]] = {}  # sync site -> signature of the last graph compiled there
 
 
-def explain_miss(site: str, order, leaves) -> str | None:
+def explain_miss(site: str, order, leaves, donated=()) -> str | None:
     """On a compile-cache miss: compare with the last graph compiled at ``site``; log and record the
-    difference. Returns the explanation (None for the first graph at a site)."""
-    sig = signature(order, leaves, _marks[0][0] if len(_marks) == 2 else 0)
+    difference. Returns the explanation (None for the first graph at a site). ``donated``: the indices of the
+    leaves whose buffers the program may take."""
+    sig = signature(order, leaves, _marks[0][0] if len(_marks) == 2 else 0, donated)
     old = _last_graph.get(site)
     _last_graph[site] = sig
     if old is None:
