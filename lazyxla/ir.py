@@ -34,7 +34,7 @@ class Aval(NamedTuple):
 
 class Leaf(enum.Enum):
     DATA = "data"  # payload: jax.Array on the device
-    SCALAR = "scalar"  # payload: Python float that entered tensor math (a graph input, not a constant)
+    SCALAR = "scalar"  # payload: Python float (aval float64) or int (int64) in tensor math: a graph input
     RNG = "rng"  # payload: numpy uint32[2] key data for one random op
     ERROR = "error"  # payload: the exception that kept this value from being computed
 

@@ -33,14 +33,16 @@ _SKIP = (_TORCH_DIR, _OWN_DIR, os.path.dirname(os.__file__))
 
 
 def user_frame(skip: int = 1) -> str:
-    """``file:line`` of the innermost frame outside PyTorch, lazyxla and the standard library."""
+    """``file:line`` of the innermost frame outside PyTorch, lazyxla and the standard library (on a thread
+    with no such frame, such as ``DeviceLoader``'s, the thread's name)."""
     f = sys._getframe(skip)
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_SKIP) and not name.startswith("<frozen"):
             return f"{name}:{f.f_lineno}"
         f = f.f_back
-    return "<unknown>"
+    thread = threading.current_thread()
+    return "<unknown>" if thread is threading.main_thread() else f"<thread {thread.name}>"
 
 
 # --- sync attribution -------------------------------------------------------------------------------
