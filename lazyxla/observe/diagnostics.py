@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lazyxla.ir import In
+from lazyxla.ir import In, Leaf
 
 log = logging.getLogger("lazyxla")
 
@@ -126,8 +126,8 @@ def signature(order, leaves, pending_before: int = 0, donated=()) -> list[OpSig]
     """
     given = {id(leaves[i]) for i in donated}
     nodes = sorted(order, key=lambda n: n.seq)
-    if any(n.seq == 0 for n in order) and any(n.seq for n in order):
-        nodes = list(order)  # (recorded partly with explanations off: the walk's order is always consistent)
+    if not _inputs_first(nodes):  # (explanations turned off and on again while recording: the walk's order)
+        nodes = list(order)
     sig: list[OpSig] = []
     pos: dict[int, int] = {}
     for n in nodes:
@@ -143,6 +143,16 @@ def signature(order, leaves, pending_before: int = 0, donated=()) -> list[OpSig]
         pos[id(n)] = len(sig)
         sig.append(OpSig(str(n.op), repr(values), args, ins, outs, n.source, values, n.op, pending))
     return sig
+
+
+def _inputs_first(nodes) -> bool:
+    """Whether every node comes after the nodes it uses (recording order does, unless part of it is unknown)."""
+    seen = set()
+    for n in nodes:
+        if any(id(m) not in seen and m.op.__class__ is not Leaf for m, _ in n.inputs):
+            return False
+        seen.add(id(n))
+    return True
 
 
 def _input_sig(n, donated: bool) -> OpSig:
@@ -401,10 +411,10 @@ def _substitution(old: list[OpSig], new: list[OpSig], k: int) -> str:
     return f"{b.op}{_at(b)}: its inputs come from other ops"
 
 
-def _growth(order, old: list[OpSig], new: list[OpSig]) -> str | None:
+def _growth(order, old: list[OpSig], pending_before: int) -> str | None:
     """'the graph grows ...' when this graph is larger than the last one compiled here because it holds work
-    recorded before the previous sync (left pending by it); None otherwise."""
-    carried = [n for n, s in zip(sorted(order, key=lambda n: n.seq), (s for s in new if not s.is_input)) if s.pending]
+    recorded before the previous sync (up to the recording count ``pending_before``); None otherwise."""
+    carried = sorted((n for n in order if 0 < n.seq <= pending_before), key=lambda n: n.seq)
     ops_old = sum(not s.is_input for s in old)
     if not carried or len(order) <= ops_old:
         return None
@@ -433,12 +443,13 @@ def explain_miss(site: str, order, leaves, donated=()) -> str | None:
     """On a compile-cache miss: compare with the last graph compiled at ``site``; log and record the
     difference. Returns the explanation (None for the first graph at a site). ``donated``: the indices of the
     leaves whose buffers the program may take."""
-    sig = signature(order, leaves, _marks[0][0] if len(_marks) == 2 else 0, donated)
+    pending_before = _marks[0][0] if len(_marks) == 2 else 0
+    sig = signature(order, leaves, pending_before, donated)
     old = _last_graph.get(site)
     _last_graph[site] = sig
     if old is None:
         return None
-    why = _growth(order, old, sig) or diff(old, sig)
+    why = _growth(order, old, pending_before) or diff(old, sig)
     _recompiles.append({"site": site, "reason": why})
     log.warning("lazyxla recompiles at %s: %s", site, why)
     return why
