@@ -104,6 +104,14 @@ _PENDING = (
 )
 
 
+def _grows(ops: int, more: int, carried: int, read: str, left: str) -> str:
+    """The explanation of a graph that grows by ``more`` ops, ``carried`` of them recorded before the read."""
+    return (
+        f"the graph grows from sync to sync ({ops} -> {ops + more} ops): it holds {carried} ops recorded before the "
+        f"previous sync ({read}), which left them pending: {left}, with {carried - 1} ops they depend on. {_PENDING}"
+    )
+
+
 def _decode(h, w, head, emb, steps: int, sync_after_read: bool) -> list[int]:
     """Greedy decoding with a recurrent state: the state's update is recorded before the token is read."""
     tokens = []
@@ -129,12 +137,8 @@ def test_a_graph_that_grows_with_work_a_host_read_left_pending_is_named_with_its
     assert tokens == _decode(*cpu, steps=4, sync_after_read=False)
     assert lazyxla.metrics.counters()["compiles"] == 4  # one per token: each program holds every earlier token
     read = f".item() at {_line('read')}"
-    assert _reasons() == [
-        f"the graph grows from sync to sync ({n} -> {n + 4} ops): it holds {n + 2} ops recorded before the previous "
-        f"sync ({read}), which left them pending: aten.tanh.default at {_line('state')}, with {n + 1} ops they depend "
-        f"on. {_PENDING}"
-        for n in (2, 6, 10)
-    ]
+    left = f"aten.tanh.default at {_line('state')}"
+    assert _reasons() == [_grows(n, 4, n + 2, read, left) for n in (2, 6, 10)]
     assert {r["site"] for r in lazyxla.metrics.recompiles()} == {read}
 
 
@@ -174,12 +178,8 @@ def test_growing_input_ids_left_pending_by_a_host_read_per_token_are_named(dev, 
     out = _generate(prompt.to(dev), emb.to(dev), head.to(dev), steps=4, sync_after_read=False)
     assert out.tolist() == _generate(prompt, emb, head, steps=4, sync_after_read=False).tolist()
     stop = f".item() at {_line('stop')}"
-    assert _reasons() == [
-        f"the graph grows from sync to sync ({n} -> {n + 5} ops): it holds {n + 1} ops recorded before the previous "
-        f"sync ({stop}), which left them pending: aten.cat.default at {_line('append')}, with {n} ops they depend "
-        f"on. {_PENDING}"
-        for n in (4, 9, 14)
-    ]
+    left = f"aten.cat.default at {_line('append')}"
+    assert _reasons() == [_grows(n, 5, n + 1, stop, left) for n in (4, 9, 14)]
 
 
 def test_growing_input_ids_synced_per_token_are_named_as_the_changing_data_input(dev, explain):
@@ -193,3 +193,37 @@ def test_growing_input_ids_synced_per_token_are_named_as_the_changing_data_input
         rf"\(dimension 1: \1 -> \2\), first used by aten.index.Tensor \(recorded at {re.escape(_line('model'))}\)"
     )
     assert [re.fullmatch(pattern, r).groups() for r in reasons] == [("4", "5"), ("5", "6"), ("6", "7")], reasons
+
+
+def test_a_graph_without_the_pending_work_the_last_one_computed_names_that_work(dev, explain):
+    x = torch.ones(4).to(dev)
+    left = x * 3  # tag:leftover
+    assert x.sum().item() == 4.0  # a read that does not need ``left``: it stays pending
+    for _ in range(2):
+        y = x + 1
+        lazyxla.sync()  # tag:loop-sync
+    assert left.tolist() == [3.0] * 4 and y.tolist() == [2.0] * 4
+    assert lazyxla.metrics.recompiles() == [
+        {
+            "site": f"lazyxla.sync() at {_line('loop-sync')}",
+            "reason": "at op 0 the last graph compiled here had 1 op and 1 input that this one does not (work left "
+            f"pending before its sync): the first was aten.mul.Tensor (recorded at {_line('leftover')}); they were "
+            f"recorded at {_line('leftover')}",
+        }
+    ]
+
+
+def test_an_op_only_this_graph_has_is_named(dev, explain):
+    x = torch.ones(4).to(dev)
+    for relu in (False, True):
+        y = x - 2
+        if relu:
+            y = y.relu()  # tag:branch
+        y = y * 5
+        lazyxla.sync()
+    assert y.tolist() == [0.0] * 4
+    (why,) = _reasons()
+    assert why == (
+        "at op 1 this graph has 1 op and 0 inputs that the last one compiled here did not have: the first is "
+        f"aten.relu.default (recorded at {_line('branch')}); they were recorded at {_line('branch')}"
+    )

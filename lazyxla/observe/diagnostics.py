@@ -344,32 +344,32 @@ def _shifted(old: list[OpSig], new: list[OpSig], k: int) -> str | None:
     return None
 
 
-def _span(sig: list[OpSig], k: int, d: int) -> tuple[int, int, str]:
-    """Ops and inputs among ``sig[k:k+d]``, and their recording lines (first three)."""
+def _unmatched(sig: list[OpSig], k: int, d: int, op: str, ours: bool) -> str:
+    """``sig[k:k+d]``, entries one graph has and the other lacks (``ours``: this graph has them), at ``op``."""
     part = sig[k : k + d]
+    counts = f"{_count(sum(not s.is_input for s in part), 'op')} and {_count(sum(s.is_input for s in part), 'input')}"
     lines = list(dict.fromkeys(s.source for s in part if not s.is_input and s.source))
-    where = ", ".join(lines[:3]) + (", ..." if len(lines) > 3 else "")
-    return sum(not s.is_input for s in part), sum(s.is_input for s in part), where
+    recorded = f"; they were recorded at {', '.join(lines[:3])}{', ...' if len(lines) > 3 else ''}" if lines else ""
+    first = next((s for s in part if not s.is_input), part[0])
+    if ours:
+        pending = " (recorded before the previous sync, which left them pending)" if first.pending else ""
+        what = f"this graph has {counts} that the last one compiled here did not have{pending}"
+    else:
+        pending = " (work left pending before its sync)" if first.pending else ""
+        what = f"the last graph compiled here had {counts} that this one does not{pending}"
+    return f"at {op} {what}: the first {'is' if ours else 'was'} {_what(first)}{recorded}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _extra(new: list[OpSig], k: int, d: int) -> str:
-    ops, inputs, where = _span(new, k, d)
-    first = next((s for s in new[k : k + d] if not s.is_input), new[k])
-    pending = " (recorded before the previous sync, which left them pending)" if first.pending else ""
-    return (
-        f"at {_op(new, k)} this graph has {ops} ops and {inputs} inputs that the last one compiled here did not "
-        f"have{pending}: the first is {_what(first)}" + (f"; they were recorded at {where}" if where else "")
-    )
+    return _unmatched(new, k, d, _op(new, k), ours=True)
 
 
 def _missing(old: list[OpSig], new: list[OpSig], k: int, d: int) -> str:
-    ops, inputs, where = _span(old, k, d)
-    first = next((s for s in old[k : k + d] if not s.is_input), old[k])
-    pending = " (work left pending before its sync)" if first.pending else ""
-    return (
-        f"at {_op(new, k)} the last graph compiled here had {ops} ops and {inputs} inputs that this one does not"
-        f"{pending}: the first was {_what(first)}" + (f"; they were recorded at {where}" if where else "")
-    )
+    return _unmatched(old, k, d, _op(new, k), ours=False)
 
 
 def _diverged(old: list[OpSig], new: list[OpSig], k: int) -> str:
