@@ -487,8 +487,9 @@ _fast: dict = {}
 _FAST_LIMIT = 100_000
 
 
-def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
-    """Append ``a``'s signature (and input, if any); returns its device (-1 for none), None if unusual."""
+def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
+    """Append ``a``'s signature (and input, if any; ``scalar``: its ``scalar_args`` kind); returns its device
+    (-1 for none), None if unusual."""
     t = type(a)
     if t is LazyTensor:
         inputs.append(a._value)
