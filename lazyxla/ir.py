@@ -34,7 +34,7 @@ class Aval(NamedTuple):
 
 class Leaf(enum.Enum):
     DATA = "data"  # payload: jax.Array on the device
-    SCALAR = "scalar"  # payload: Python float that entered tensor math (a graph input, not a constant)
+    SCALAR = "scalar"  # payload: Python float (aval float64) or int (int64) in tensor math: a graph input
     RNG = "rng"  # payload: numpy uint32[2] key data for one random op
     ERROR = "error"  # payload: the exception that kept this value from being computed
 
@@ -77,7 +77,7 @@ def slot(i: int) -> In:
 
 
 class Node:
-    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "source", "__weakref__")
+    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "source", "seq", "__weakref__")
 
     def __init__(self, op, inputs, template, avals, hash_, payload, device):
         self.op = op  # an OpOverload, or a Leaf kind
@@ -90,6 +90,7 @@ class Node:
         # the user's file:line that recorded it (config.explain_recompiles only); for device data, what made
         # the buffer (a copy from the CPU at file:line, an output of graph <id>, ...), named in errors
         self.source = None
+        self.seq = 0  # recording order (config.explain_recompiles only): what recompile explanations align by
 
     @property
     def is_leaf(self) -> bool:

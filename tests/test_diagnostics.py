@@ -48,7 +48,9 @@ def test_a_python_number_baked_into_a_shape_is_explained(dev, explain):
     assert q.tolist() == [2.0, 2.0, 2.0]
     (why,) = lazyxla.metrics.recompiles()
     assert f"aten.view_copy.default (recorded at {_line('tag:view')})" in why["reason"]
-    assert "a Python value in its arguments changed: argument 1: [2, -1] -> [3, -1]" in why["reason"]
+    changed = "a Python value in its arguments changed: size: [2, -1] -> [3, -1]. `size` is an int argument"
+    assert changed in why["reason"]
+    assert "To avoid it, keep such values to a few (pad lengths to a few sizes)" in why["reason"]
 
 
 def test_recompile_explanations_are_off_by_default(dev, caplog):

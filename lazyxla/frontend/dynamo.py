@@ -373,7 +373,7 @@ class CompiledGraph:
         inputs += [(rng.next_key_leaf(device), 0) for _ in range(trace.n_keys)]
         n = node(OP, tuple(inputs), trace.template, trace.avals, device, trace.base)
         if config.explain_recompiles:
-            n.source = diagnostics.user_frame(2)
+            diagnostics.note_recorded(n)
         metrics.inc("dynamo_calls")
         out = []
         for how, x in trace.outputs:

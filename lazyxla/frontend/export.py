@@ -369,9 +369,7 @@ def _build(args, outs, out_tree, named, before, after, platforms, random_key) ->
         raise_if_error(n)
         if id(n) not in positions:
             constants[i] = np.asarray(jax.device_get(n.payload))
-    extra = []
-    if layout.scalars:
-        extra.append(np.array([leaves[i].payload for i in layout.scalars], np.float64))
+    extra = layout.packed_scalars(leaves)
     if layout.keys and not random_key:
         extra.append(np.stack([leaves[i].payload for i in layout.keys]))
     body = graph_fn(order, leaves, roots, layout)

@@ -83,7 +83,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         _check_same_program(roots, leaves, site)
     missed = not cache.holds(key)
     if missed and config.explain_recompiles:
-        diagnostics.explain_miss(site, order, leaves)
+        diagnostics.explain_miss(site, order, leaves, donate)
     started = time.perf_counter()
     try:
         compiled = cache.get(key, order, leaves, roots, device, donate)

@@ -2,7 +2,7 @@
 
 ``record(func, args, kwargs)`` turns a call into a node of the graph (see ``lazy.ir``) and returns its
 LazyTensor outputs. The first call of a signature flattens the arguments into a hashable template and
-its inputs (Python floats that are tensor math become graph inputs; 0-d CPU tensors are moved to the
+its inputs (Python numbers that are tensor math become graph inputs; 0-d CPU tensors are moved to the
 device), infers the outputs with PyTorch's meta kernels (memoized by op, template and input avals) and
 checks the call against PyTorch's CPU kernel (``lazy.check``); later calls of that signature take the
 fast path, which skips all three. Which ops get here is decided by ``lazy.record.dispatch``.
@@ -29,13 +29,41 @@ _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attr
 
 aten = torch.ops.aten
 
-# Python floats in these ops stay constants: they decide output shapes (arange, ...) or select the
+# How an argument's Python numbers are recorded (``scalar_args``): constants of the program, or graph inputs
+# that change without a recompile (DESIGN.md decision 4). Decided by the op's schema: only ``Scalar`` arguments
+# (and numbers passed as ``Tensor``) are tensor math; ``int``/``SymInt`` ones are shapes, sizes, dims and
+# positions, and a bool is never an input.
+BAKED = 0  # every value is a constant
+FLOATS = 1  # Python floats are inputs (0 and +-1 stay constants); ints stay constants
+NUMBERS = 2  # floats as above, and every Python int is an input too
+COEFFICIENT = 3  # NUMBERS, but the ints 0 and +-1 stay constants (see ``scalar_args``)
+
+# Python numbers in these ops stay constants: they decide output shapes (arange, ...) or select the
 # algorithm (a norm's ord), so a graph input would not do.
 _CONST_SCALAR_OPS = frozenset(
     {"aten::arange", "aten::linspace", "aten::logspace", "aten::range", "aten::linalg_vector_norm"}
 )
+# ``Scalar`` arguments whose Python ints stay constants: an int selects how the op computes (PyTorch's exact
+# integer powers, a norm's or a margin loss's order), which a graph input cannot do.
+_INT_SELECTS = frozenset(
+    {
+        ("aten::pow", "exponent"),
+        ("aten::float_power", "exponent"),
+        ("aten::norm", "p"),
+        ("aten::dist", "p"),
+        ("aten::renorm", "p"),
+        ("aten::multi_margin_loss", "p"),
+        ("aten::multi_margin_loss_backward", "p"),
+    }
+)
 # Python floats in these ops that stay constants: 0 and +-1 simplify the program.
 _CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
+# Ints that stay constants in a coefficient (a ``Scalar`` with a numeric default: alpha, beta, a fill value):
+# 1 drops a multiply and ``beta=0`` ignores the input, NaNs included.
+_CONST_INTS = frozenset({0, 1, -1})
+_F64 = Aval((), torch.float64)  # a Python float input (packed in a float64 vector)
+_I64_AVAL = Aval((), torch.int64)  # a Python int input (packed in an int64 vector: every int64 exactly)
+_I64 = (-(2**63), 2**63 - 1)  # ints outside int64 stay constants: PyTorch's own error (or wrap) then applies
 # Ops whose ``float`` arguments are tensor math too, not only their ``Scalar`` ones: the fused optimizer steps
 # take the learning rate and betas as ``float``, and a schedule (or OneCycleLR's momentum) changes them per step.
 _FLOAT_INPUT_OPS = frozenset({"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd", "aten::_fused_adagrad"})
@@ -50,7 +78,7 @@ class NoMeta(Exception):
 
 
 def _is_scalar_type(t) -> bool:
-    """Argument types where a Python float is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
+    """Argument types where a Python number is tensor math (``Scalar``, or a number passed as ``Tensor``)."""
     if isinstance(t, (torch.NumberType, torch.TensorType)):
         return True
     if isinstance(t, torch.OptionalType):
@@ -61,19 +89,46 @@ def _is_scalar_type(t) -> bool:
 
 
 @functools.cache
-def scalar_args(func) -> tuple[tuple[bool, ...], frozenset[str]]:
-    """Which positional args and which keyword args of ``func`` are ``Scalar`` (or lists of them)."""
+def scalar_args(func) -> tuple[tuple[int, ...], dict[str, int]]:
+    """How each positional and keyword argument of ``func`` records Python numbers: ``BAKED``, ``FLOATS``,
+    ``NUMBERS`` or ``COEFFICIENT`` (keyword arguments not listed are ``BAKED``).
+
+    Example: ``scalar_args(aten.add.Tensor)`` is ``((NUMBERS, NUMBERS), {"alpha": COEFFICIENT})``: in
+    ``t + step`` the int ``step`` is a graph input, ``alpha=1`` a constant.
+    """
     schema = func._schema
     if schema.name in _CONST_SCALAR_OPS:
-        return (), frozenset()
+        return (), {}
     floats = schema.name in _FLOAT_INPUT_OPS
 
-    def scalar(a) -> bool:
-        return _is_scalar_type(a.type) or (floats and isinstance(a.type, torch.FloatType))
+    def kind(a) -> int:
+        if _is_scalar_type(a.type):
+            if (schema.name, a.name) in _INT_SELECTS:
+                return FLOATS
+            numeric_default = a.has_default_value() and type(a.default_value) in (int, float)
+            return COEFFICIENT if numeric_default else NUMBERS
+        return FLOATS if floats and isinstance(a.type, torch.FloatType) else BAKED
 
-    pos = tuple(scalar(a) for a in schema.arguments if not a.kwarg_only)
-    kw = frozenset(a.name for a in schema.arguments if a.kwarg_only and scalar(a))
+    pos = tuple(kind(a) for a in schema.arguments if not a.kwarg_only)
+    kw = {a.name: kind(a) for a in schema.arguments if a.kwarg_only and kind(a) != BAKED}
     return pos, kw
+
+
+def _int_input(v: int, kind: int) -> bool:
+    """Whether the Python int ``v`` in an argument of this kind is a graph input (else a constant)."""
+    return kind >= NUMBERS and _I64[0] <= v <= _I64[1] and not (kind == COEFFICIENT and v in _CONST_INTS)
+
+
+def int_range(v: int) -> tuple:
+    """A class of ints that PyTorch's value checks treat alike: sign and bit lengths, which decide whether it
+    fits an integer dtype (uint8 takes -255 to 255, int8 -128 to 127) and whether it is 0 (integer division).
+
+    Meta inference and the CPU check run once per class, with the value that class was first seen with,
+    so an int input that overflows its op's dtype still raises PyTorch's error at the call.
+
+    Example: ``int_range(127) == int_range(100)`` but ``int_range(128) != int_range(127)``.
+    """
+    return (v < 0, v.bit_length(), (~v).bit_length() if v < 0 else 0)
 
 
 class _Flat:
@@ -112,8 +167,9 @@ class _Flat:
         if isinstance(x, (list, tuple)):
             return tuple(self.conv(e, scalar) for e in x)
         if scalar and type(x) is float and x not in _CONST_FLOATS:
-            aval = Aval((), torch.float64)
-            return self._add((leaf(Leaf.SCALAR, x, aval, -1), 0), aval, x)
+            return self._add((leaf(Leaf.SCALAR, x, _F64, -1), 0), _F64, x)
+        if type(x) is int and _int_input(x, scalar):
+            return self._add((leaf(Leaf.SCALAR, x, _I64_AVAL, -1), 0), _I64_AVAL, x)
         return x
 
     def host_tensor(self, t: torch.Tensor):
@@ -139,8 +195,8 @@ def _flatten(func, args, kwargs, place: bool = True):
     """The call's template and inputs; with ``place``, 0-d CPU tensors are moved to the op's device."""
     pos_scalar, kw_scalar = scalar_args(func)
     flat = _Flat()
-    targs = tuple(flat.conv(a, i < len(pos_scalar) and pos_scalar[i]) for i, a in enumerate(args))
-    tkw = tuple(sorted((k, flat.conv(v, k in kw_scalar)) for k, v in kwargs.items()))
+    targs = tuple(flat.conv(a, pos_scalar[i] if i < len(pos_scalar) else BAKED) for i, a in enumerate(args))
+    tkw = tuple(sorted((k, flat.conv(v, kw_scalar.get(k, BAKED))) for k, v in kwargs.items()))
     if flat.device is None:
         flat.device = _device_kwarg(kwargs)
     if not place:
@@ -223,8 +279,15 @@ def _spec(out, avals: list):
 
 
 def _meta_key(func, ckey, flat: _Flat) -> tuple:
-    # a Python float shares its aval with a 0-d float64 tensor, but not PyTorch's promotion rules
-    return (func, ckey, tuple(s if isinstance(s, Aval) else float for s in flat.meta_subst))
+    # a Python number shares its aval with a 0-d tensor, but not PyTorch's promotion rules; an int input's value
+    # class keys apart the values PyTorch's checks treat differently (``int_range``)
+    return (func, ckey, tuple(_subst_key(s) for s in flat.meta_subst))
+
+
+def _subst_key(s):
+    if isinstance(s, Aval):
+        return s
+    return (int, int_range(s)) if type(s) is int else float
 
 
 def _infer(func, template, ckey, flat: _Flat, args, kwargs):
@@ -403,7 +466,7 @@ def _finish(func, inputs, template, avals, spec, device, base, random):
         inputs += ((rng.next_key_leaf(device), 0),)
     n = node(func, inputs, template, avals, device, base)
     if _flags["explain_recompiles"]:
-        n.source = diagnostics.user_frame(2)
+        diagnostics.note_recorded(n)
     _counters["ops_recorded"] += 1
     if type(spec) is int:
         return LazyTensor((n, spec), avals[spec])
@@ -413,19 +476,20 @@ def _finish(func, inputs, template, avals, spec, device, base, random):
 # ---- the fast path: calls whose arguments are lazyxla tensors and plain constants ----
 #
 # Such a call is keyed by its signature (op, device, each tensor's aval, each constant, a mark for each
-# Python float that becomes a graph input); the first call of a signature goes the general way above
-# and leaves its template, hash and output avals here, so later calls skip flattening, canonical
-# templates and meta inference.
+# Python number that becomes a graph input, with an int's ``int_range``); the first call of a signature
+# goes the general way above and leaves its template, hash and output avals here, so later calls skip
+# flattening, canonical templates and meta inference.
 
-_F64 = Aval((), torch.float64)
 _FLOAT_INPUT = ("float input",)
+_INT_INPUT = "int input"
 _CONSTANT_TYPES = frozenset({type(None), str, torch.dtype, torch.layout, torch.memory_format, torch.device})
 _fast: dict = {}
 _FAST_LIMIT = 100_000
 
 
-def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
-    """Append ``a``'s signature (and input, if any); returns its device (-1 for none), None if unusual."""
+def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
+    """Append ``a``'s signature (and input, if any; ``scalar``: its ``scalar_args`` kind); returns its device
+    (-1 for none), None if unusual."""
     t = type(a)
     if t is LazyTensor:
         inputs.append(a._value)
@@ -437,6 +501,10 @@ def _arg_signature(a, scalar: bool, sig: list, inputs: list) -> int | None:
             sig.append(_FLOAT_INPUT)
         else:
             sig.append((float, a, a == -1))
+        return -1
+    if t is int and _int_input(a, scalar):
+        inputs.append((leaf(Leaf.SCALAR, a, _I64_AVAL, -1), 0))
+        sig.append((_INT_INPUT, int_range(a)))
         return -1
     if t is int or t is bool:
         sig.append((t, a, a == -1))
@@ -461,7 +529,7 @@ def _signature(func, args, kwargs, pos_scalar, kw_scalar):
             inputs.append(value)
             sig.append(a._aval)
         else:
-            d = _arg_signature(a, i < len(pos_scalar) and pos_scalar[i], sig, inputs)
+            d = _arg_signature(a, pos_scalar[i] if i < len(pos_scalar) else BAKED, sig, inputs)
             if d is None:
                 return None
         if d != -1:
@@ -472,7 +540,7 @@ def _signature(func, args, kwargs, pos_scalar, kw_scalar):
     if kwargs:
         for k in sorted(kwargs):
             sig.append(k)
-            d = _arg_signature(kwargs[k], k in kw_scalar, sig, inputs)
+            d = _arg_signature(kwargs[k], kw_scalar.get(k, BAKED), sig, inputs)
             if d is None or (d != -1 and device != -1 and d != device):
                 return None
             if d != -1:

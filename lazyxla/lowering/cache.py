@@ -103,8 +103,7 @@ class Compiled:
             what = f"graph input {k} (a tensor of shape {list(n.avals[0].shape)} and dtype {n.avals[0].dtype}"
             what += f", {n.source})" if n.source else ")"
         else:
-            packed = "Python scalars" if k == len(data) and self.layout.scalars else "RNG keys"
-            what = f"argument {k} (the packed {packed})"
+            what = f"argument {k} (the packed {self.layout.describe(k)})"
         got = f"{np.dtype(a.dtype)}{list(a.shape)}"
         if type(a) is not np.ndarray and a.is_deleted():
             got += " whose buffers were deleted (donated to an earlier program, or deleted through jax)"

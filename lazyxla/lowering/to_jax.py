@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -29,17 +32,20 @@ def _relist(x):
     return list(x) if type(x) is tuple else x
 
 
-def _scalar_dtype(n: Node):
+def _scalar_dtype(n: Node, integer: bool = False):
     """Dtype for Python scalars (graph inputs) used by node ``n``, as PyTorch converts them.
 
     The first floating tensor input's dtype, or the output's when that is a wider float
     (``full_like(half, v, dtype=torch.float64)`` keeps v's float64 digits); with no floating input, an
     integer output's dtype (PyTorch truncates the scalar: ``int_tensor.fill_(2.7)`` fills 2), else the
-    default float dtype. A rule may ask for its own (``Rule.scalars``).
+    default float dtype. A Python int (``integer``) in an op computed in integers takes the integer
+    tensors' dtype instead, wrapping as PyTorch's casts do (``uint8_tensor < 300`` compares with 44), or
+    int64 (``bool_tensor == 5``). A rule may ask for its own (``Rule.scalars``).
     """
     if RULES[n.op].scalars is not None:
         return RULES[n.op].scalars
     out = n.avals[0].dtype if n.avals else torch.bool
+    ints = []
     for m, i in n.inputs:
         if m.op is not Leaf.SCALAR and m.op is not Leaf.RNG:
             dt = m.avals[i].dtype
@@ -47,7 +53,26 @@ def _scalar_dtype(n: Node):
                 if (out.is_floating_point or out.is_complex) and out.itemsize > dt.itemsize:
                     return np_dtype(out)
                 return np_dtype(dt)
-    return np_dtype(torch.get_default_dtype() if out == torch.bool else out)
+            if dt != torch.bool:
+                ints.append(dt)
+    if out != torch.bool:
+        return np_dtype(out)
+    if not integer:
+        return np_dtype(torch.get_default_dtype())
+    return np_dtype(functools.reduce(torch.promote_types, ints, torch.int64 if not ints else ints[0]))
+
+
+def _is_int(m: Node) -> bool:
+    """Whether a scalar leaf holds a Python int (packed as int64) rather than a float."""
+    return m.avals[0].dtype == torch.int64
+
+
+def scalar_constant(n: Node, m: Node):
+    """The value of scalar leaf ``m`` as a constant of node ``n``'s computation (a trace that bakes its scalars
+    in): in ``_scalar_dtype``, an int wrapping around as PyTorch's casts do."""
+    if _is_int(m):
+        return jax.lax.convert_element_type(np.int64(m.payload), _scalar_dtype(n, True))
+    return jnp.asarray(m.payload, _scalar_dtype(n))
 
 
 def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
@@ -105,7 +130,7 @@ def traces(n: Node) -> bool:
     structs = []
     for m, i in n.inputs:
         if m.op is Leaf.SCALAR:
-            structs.append(jax.ShapeDtypeStruct((), _scalar_dtype(n)))
+            structs.append(jax.ShapeDtypeStruct((), _scalar_dtype(n, _is_int(m))))
         else:
             aval = m.avals[i]
             structs.append(jax.ShapeDtypeStruct(aval.shape, np_dtype(aval.dtype)))
@@ -123,16 +148,22 @@ class ArgLayout:
     """How a program's arguments carry a graph's leaves.
 
     Device data is one argument per leaf, in leaf order; the Python scalars (often hundreds per step:
-    an optimizer's hyperparameters for every tensor) travel packed in one float64 vector, and the RNG
-    keys in one ``(n, 2)`` uint32 array, so a step makes two host transfers for them, not hundreds.
+    an optimizer's hyperparameters for every tensor) travel packed, floats in one float64 vector and ints in
+    one int64 vector (a float64 holds every int64 only up to 2**53), and the RNG keys in one ``(n, 2)`` uint32
+    array, so a step makes at most three host transfers for them, not hundreds.
     """
 
-    __slots__ = ("data", "scalars", "keys")
+    __slots__ = ("data", "scalars", "ints", "keys")
 
     def __init__(self, leaves: list[Node]) -> None:
         self.data = [i for i, n in enumerate(leaves) if n.op is not Leaf.SCALAR and n.op is not Leaf.RNG]
-        self.scalars = [i for i, n in enumerate(leaves) if n.op is Leaf.SCALAR]
+        self.scalars = [i for i, n in enumerate(leaves) if n.op is Leaf.SCALAR and not _is_int(n)]
+        self.ints = [i for i, n in enumerate(leaves) if n.op is Leaf.SCALAR and _is_int(n)]
         self.keys = [i for i, n in enumerate(leaves) if n.op is Leaf.RNG]
+
+    def _vectors(self) -> list[tuple[list[int], type]]:
+        """The packed Python-scalar vectors the program takes, in order: (leaf indices, dtype)."""
+        return [(idx, dt) for idx, dt in ((self.scalars, np.float64), (self.ints, np.int64)) if idx]
 
     def specs(self, leaves: list[Node], sharding, data_shardings: list | None = None) -> list:
         """The program's argument shapes and dtypes, laid out as ``sharding`` (the data leaves as
@@ -142,20 +173,27 @@ class ArgLayout:
             jax.ShapeDtypeStruct(leaves[i].avals[0].shape, np_dtype(leaves[i].avals[0].dtype), sharding=s)
             for i, s in zip(self.data, data_shardings)
         ]
-        if self.scalars:
-            out.append(jax.ShapeDtypeStruct((len(self.scalars),), np.float64, sharding=sharding))
+        out += [jax.ShapeDtypeStruct((len(idx),), dt, sharding=sharding) for idx, dt in self._vectors()]
         if self.keys:
             out.append(jax.ShapeDtypeStruct((len(self.keys), 2), np.uint32, sharding=sharding))
         return out
 
+    def packed_scalars(self, leaves: list[Node]) -> list[np.ndarray]:
+        """The Python-scalar arguments: the float64 vector, then the int64 one (each only if used)."""
+        return [np.array([leaves[i].payload for i in idx], dt) for idx, dt in self._vectors()]
+
     def arguments(self, data: list, leaves: list[Node]) -> list:
         """The program's arguments: ``data`` (the data leaves' arrays, in order) and the packed rest."""
-        out = list(data)
-        if self.scalars:
-            out.append(np.array([leaves[i].payload for i in self.scalars], np.float64))
+        out = list(data) + self.packed_scalars(leaves)
         if self.keys:
             out.append(np.stack([leaves[i].payload for i in self.keys]))
         return out
+
+    def describe(self, k: int) -> str:
+        """What packed argument ``k`` (counted after the data leaves) carries, for error messages."""
+        names = [f"Python {'ints' if dt is np.int64 else 'floats'}" for _, dt in self._vectors()]
+        names += ["RNG keys"] if self.keys else []
+        return names[k - len(self.data)]
 
     def positions(self, leaf_indices) -> tuple[int, ...]:
         """Argument positions of data leaves given by their leaf indices."""
@@ -173,43 +211,54 @@ def graph_fn(order: list[Node], leaves: list[Node], roots: list[tuple], layout: 
     def fn(*args):
         env = {id(leaves[i]): (a,) for i, a in zip(layout.data, args)}
         rest = len(layout.data)
-        scalars = None
-        if layout.scalars:
-            scalars = _Scalars(args[rest], {id(leaves[i]): k for k, i in enumerate(layout.scalars)})
+        scalars = _Scalars()
+        for idx, _ in layout._vectors():
+            scalars.add(args[rest], [leaves[i] for i in idx])
             rest += 1
-            for i in layout.scalars:
+            for i in idx:
                 env[id(leaves[i])] = None  # read through ``scalars``, in the dtype of the op that uses it
         if layout.keys:
             keys = args[rest]
             for k, i in enumerate(layout.keys):
                 env[id(leaves[i])] = (keys[k],)
         for n in order:
-            if scalars is not None and any(m.op is Leaf.SCALAR for m, _ in n.inputs):
-                dt = _scalar_dtype(n)
-                ins = [scalars.get(m, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
+            if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
+                ins = [
+                    scalars.get(m, _scalar_dtype(n, _is_int(m))) if m.op is Leaf.SCALAR else env[id(m)][i]
+                    for m, i in n.inputs
+                ]
             else:
                 ins = [env[id(m)][i] for m, i in n.inputs]
             env[id(n)] = apply(n, ins, axis, world)
-        return tuple(scalars.get(m, np.float64) if env[id(m)] is None else env[id(m)][i] for m, i in roots)
+        return tuple(
+            scalars.get(m, np_dtype(m.avals[0].dtype)) if env[id(m)] is None else env[id(m)][i] for m, i in roots
+        )
 
     return fn
 
 
 class _Scalars:
-    """The packed Python scalars inside a traced program: the float64 vector converted once per dtype and
-    split once (two XLA ops per dtype instead of a slice, a reshape and a convert per scalar use)."""
+    """The packed Python scalars inside a traced program: each vector converted once per dtype and split once
+    (two XLA ops per dtype instead of a slice, a reshape and a convert per scalar use)."""
 
-    __slots__ = ("vector", "index", "pieces")
+    __slots__ = ("vectors", "where", "pieces")
 
-    def __init__(self, vector, index: dict[int, int]) -> None:
-        self.vector = vector
-        self.index = index  # id(scalar leaf) -> position in the vector
+    def __init__(self) -> None:
+        self.vectors: list = []
+        self.where: dict[int, tuple[int, int]] = {}  # id(scalar leaf) -> (its vector, its position there)
         self.pieces: dict = {}
 
+    def add(self, vector, leaves: list[Node]) -> None:
+        v = len(self.vectors)
+        self.vectors.append(vector)
+        for k, n in enumerate(leaves):
+            self.where[id(n)] = (v, k)
+
     def get(self, leaf: Node, dtype):
-        pieces = self.pieces.get(dtype)
+        v, k = self.where[id(leaf)]
+        pieces = self.pieces.get((v, dtype))
         if pieces is None:
-            n = self.vector.shape[0]
-            parts = jax.lax.split(jax.lax.convert_element_type(self.vector, dtype), [1] * n)
-            pieces = self.pieces[dtype] = [jax.lax.reshape(p, ()) for p in parts]
-        return pieces[self.index[id(leaf)]]
+            vector = self.vectors[v]
+            parts = jax.lax.split(jax.lax.convert_element_type(vector, dtype), [1] * vector.shape[0])
+            pieces = self.pieces[(v, dtype)] = [jax.lax.reshape(p, ()) for p in parts]
+        return pieces[k]

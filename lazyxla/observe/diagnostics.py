@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lazyxla.ir import In, wiring
+from lazyxla.ir import In, Leaf
 
 log = logging.getLogger("lazyxla")
 
@@ -33,25 +33,39 @@ _SKIP = (_TORCH_DIR, _OWN_DIR, os.path.dirname(os.__file__))
 
 
 def user_frame(skip: int = 1) -> str:
-    """``file:line`` of the innermost frame outside PyTorch, lazyxla and the standard library."""
+    """``file:line`` of the innermost frame outside PyTorch, lazyxla and the standard library (on a thread
+    with no such frame, such as ``DeviceLoader``'s, the thread's name)."""
     f = sys._getframe(skip)
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_SKIP) and not name.startswith("<frozen"):
             return f"{name}:{f.f_lineno}"
         f = f.f_back
-    return "<unknown>"
+    thread = threading.current_thread()
+    return "<unknown>" if thread is threading.main_thread() else f"<thread {thread.name}>"
 
 
 # --- sync attribution -------------------------------------------------------------------------------
 
 _syncs: collections.Counter = collections.Counter()
+# Recording order (``config.explain_recompiles``): the count of ops recorded so far, and at the last two syncs
+# (with their triggers), which tell the work a sync left pending from the work recorded since.
+_clock = [0]
+_marks: collections.deque = collections.deque(maxlen=2)
+
+
+def note_recorded(n, skip: int = 2) -> None:
+    """``config.explain_recompiles``: keep the user's line that recorded node ``n`` and its recording order."""
+    n.source = user_frame(skip + 1)
+    _clock[0] += 1
+    n.seq = _clock[0]
 
 
 def note_sync(reason: str) -> str:
     """Count a sync by (reason, user line); returns the line."""
     where = user_frame(2)
     _syncs[(reason, where)] += 1
+    _marks.append((_clock[0], f"{reason} at {where}"))
     _regions_check(reason, where)
     return where
 
@@ -65,6 +79,7 @@ def reset() -> None:
     _syncs.clear()
     _recompiles.clear()
     _last_graph.clear()
+    _marks.clear()
 
 
 # --- recompile explanations -------------------------------------------------------------------------
@@ -72,8 +87,10 @@ def reset() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OpSig:
-    """What decides the compiled program, for one node: op, constants, inputs (positions and avals),
-    output avals; and the source line that recorded it (not part of the comparison)."""
+    """What decides the compiled program, for one node or graph input: op (``<data>``, ``<scalar>``, ``<rng>``
+    for inputs), constants, inputs (positions and avals), output avals; and, not compared, the source line that
+    recorded it (for an input: what made it), the constants themselves, the op, and whether it was recorded
+    before the previous sync (work that sync left pending)."""
 
     op: str
     constants: str  # repr of ``values``: equal when the program is (1, 1.0 and True differ)
@@ -82,21 +99,65 @@ class OpSig:
     outputs: tuple
     source: str | None = dataclasses.field(default=None, compare=False)
     values: tuple = dataclasses.field(default=(), compare=False)
+    overload: Any = dataclasses.field(default=None, compare=False)
+    pending: bool = dataclasses.field(default=False, compare=False)
+    donated: bool = dataclasses.field(default=False, compare=False)  # an input whose buffer the program takes
+
+    @property
+    def is_input(self) -> bool:
+        return self.op.startswith("<")
+
+    @property
+    def key(self) -> str:
+        """What two graphs share for this entry when only its shapes or constants changed (not its line: a
+        region's body may run from two call sites)."""
+        return self.op
 
 
-def signature(order, leaves) -> list[OpSig]:
-    """A comparable description of a graph: its leaves, then its nodes in post-order, wired by position as
-    ``ir.digest`` describes it (``ir.wiring``), laid out for ``diff`` to say what changed."""
-    sig = []
-    for n in leaves:
-        a = n.avals[0]
-        sig.append(OpSig(f"<{n.op.value}>", "", (), (), ((tuple(a.shape), str(a.dtype)),)))
-    for n, args in zip(order, wiring(order, leaves)[0]):
+def signature(order, leaves, pending_before: int = 0, donated=()) -> list[OpSig]:
+    """A comparable description of a graph, for ``diff``: its ops in the order they were recorded, each graph
+    input just before its first use, wired by position in that sequence.
+
+    The recording order (``config.explain_recompiles`` keeps it) is the user's program order, the same from
+    step to step whatever changed; the order of a program's arguments is not (it follows the roots' hashes,
+    which change with any shape), so inputs are matched by what first uses them, not by argument position.
+    Nodes recorded without it keep the walk's post-order. Ops recorded up to ``pending_before`` (a recording
+    count) are marked ``pending``, and the leaves at the indices ``donated`` are marked ``donated``.
+    """
+    given = {id(leaves[i]) for i in donated}
+    nodes = sorted(order, key=lambda n: n.seq)
+    if not _inputs_first(nodes):  # (explanations turned off and on again while recording: the walk's order)
+        nodes = list(order)
+    sig: list[OpSig] = []
+    pos: dict[int, int] = {}
+    for n in nodes:
+        for m, _ in n.inputs:
+            if id(m) not in pos:
+                pos[id(m)] = len(sig)
+                sig.append(_input_sig(m, id(m) in given))
+        args = tuple((pos[id(m)], i) for m, i in n.inputs)
         ins = tuple((tuple(m.avals[i].shape), str(m.avals[i].dtype)) for m, i in n.inputs)
         outs = tuple((tuple(a.shape), str(a.dtype)) for a in n.avals)
         values = _constants(n.template)
-        sig.append(OpSig(str(n.op), repr(values), args, ins, outs, n.source, values))
+        pending = 0 < n.seq <= pending_before
+        pos[id(n)] = len(sig)
+        sig.append(OpSig(str(n.op), repr(values), args, ins, outs, n.source, values, n.op, pending))
     return sig
+
+
+def _inputs_first(nodes) -> bool:
+    """Whether every node comes after the nodes it uses (recording order does, unless part of it is unknown)."""
+    seen = set()
+    for n in nodes:
+        if any(id(m) not in seen and m.op.__class__ is not Leaf for m, _ in n.inputs):
+            return False
+        seen.add(id(n))
+    return True
+
+
+def _input_sig(n, donated: bool) -> OpSig:
+    a = n.avals[0]
+    return OpSig(f"<{n.op.value}>", "", (), (), ((tuple(a.shape), str(a.dtype)),), n.source, donated=donated)
 
 
 def _constants(template) -> tuple:
@@ -118,14 +179,63 @@ class _Tensor:
 _TENSOR = _Tensor()
 
 
-def _argument_changes(a: tuple, b: tuple) -> str:
-    """'argument 1: [-1, 16] -> [-1, 24]' for two ``_constants`` values."""
+def _argument_changes(s: OpSig, a: tuple, b: tuple) -> str:
+    """'size: [-1, 16] -> [-1, 24]. `size` is ...' for two ``_constants`` values of op ``s``: each changed
+    argument by name, then why the first one is part of the program and how to keep it out."""
     (xa, xk), (ya, yk) = a, b
-    out = [f"argument {i}: {_py(p)} -> {_py(q)}" for i, (p, q) in enumerate(zip(xa, ya)) if repr(p) != repr(q)]
-    out += [f"{k}: {_py(p)} -> {_py(q)}" for (k, p), (_, q) in zip(xk, yk) if repr(p) != repr(q)]
+    schema = _schema_args(s.overload)
+    positional = [x for x in schema.values() if not x.kwarg_only]
+    changed = [(positional[i] if i < len(positional) else None, i, p, q) for i, (p, q) in enumerate(zip(xa, ya))]
+    changed += [(schema.get(k), k, p, q) for (k, p), (_, q) in zip(xk, yk)]
+    changed = [(arg, i, p, q) for arg, i, p, q in changed if repr(p) != repr(q)]
+    out = [f"{arg.name if arg is not None else _name(i)}: {_py(p)} -> {_py(q)}" for arg, i, p, q in changed]
     if len(xa) != len(ya) or len(xk) != len(yk):
         out.append(f"{len(xa)} -> {len(ya)} arguments")
-    return ", ".join(out) or f"{a} -> {b}"
+    text = ", ".join(out) or f"{a} -> {b}"
+    if changed:
+        arg, i, _, q = changed[0]
+        text += f". {_why_baked(arg, i, q)}"
+    return text
+
+
+def _name(i) -> str:
+    return f"argument {i}" if type(i) is int else i
+
+
+def _schema_args(op) -> dict:
+    """The op's schema arguments by name (in order), or {} for a node that is not an aten op."""
+    schema = getattr(op, "_schema", None)
+    return {a.name: a for a in schema.arguments} if schema is not None else {}
+
+
+def _why_baked(arg, i, value) -> str:
+    """Why a changed Python value is part of the program, and how to make it an input instead."""
+    tensor = "pass a 0-d tensor instead (torch.tensor(value, device=...)) to make it a program input"
+    name = f"`{arg.name}`" if arg is not None else _name(i)
+    if arg is None or not _is_scalar_arg(arg.type):
+        fix = "keep such values to a few (pad lengths to a few sizes)"
+        if arg is not None and arg.name in _POSITIONS:
+            fix += ", or index with a tensor on the device (x.index_select(0, torch.arange(n, device=dev) + start))"
+        return (
+            f"{name} is an int argument of the op (a shape, size, dim or position): part of the program, so each "
+            "value compiles a program of its own (Python numbers used as tensor operands, as in `t + step`, are "
+            f"program inputs instead). To avoid it, {fix}"
+        )
+    if type(value) is bool:
+        return f"{name} is a bool, which is part of the program; {tensor}"
+    if value in (0, 1, -1):
+        return f"0 and ±1 stay constants where they simplify the program ({name}); {tensor}"
+    return f"{name} decides the output's shape or how the op computes, so it is part of the program; {tensor}"
+
+
+# int arguments that are positions in a tensor (select, slice, narrow, index_fill...): a tensor index does instead
+_POSITIONS = frozenset({"index", "start", "end", "offset"})
+
+
+def _is_scalar_arg(t) -> bool:
+    if isinstance(t, torch.OptionalType):
+        return _is_scalar_arg(t.getElementType())
+    return isinstance(t, (torch.NumberType, torch.TensorType, torch.FloatType))
 
 
 def _py(x) -> str:
@@ -147,57 +257,199 @@ def _change(x, y) -> str:
 
 
 def _kind(s: OpSig) -> str:
+    """'device data [8, 16] float32 (copied from the CPU at train.py:7)', 'a Python int', 'a random key [2] uint32'."""
     (shape, dtype), kind = s.outputs[0], s.op[1:-1]
-    what = {"data": "device data", "scalar": "a Python number", "rng": "a random key"}.get(kind, kind)
-    return f"{what} {list(shape)} {dtype.replace('torch.', '')}"
+    if kind == "scalar":
+        return "a Python int" if dtype == "torch.int64" else "a Python float"
+    what = {"data": "device data", "rng": "a random key"}.get(kind, kind)
+    made = f" ({s.source})" if s.source else ""
+    return f"{what} {list(shape)} {dtype.replace('torch.', '')}{made}"
+
+
+def _what(s: OpSig) -> str:
+    return _kind(s) if s.is_input else f"{s.op}{_at(s)}"
+
+
+def _input(sig: list[OpSig], k: int) -> str:
+    """'graph input 2' for the input at position ``k`` (inputs numbered by first use)."""
+    return f"graph input {sum(1 for s in sig[:k] if s.is_input)}"
+
+
+def _op(sig: list[OpSig], k: int) -> str:
+    """'op 12' for position ``k`` (ops numbered in recording order)."""
+    return f"op {sum(1 for s in sig[:k] if not s.is_input)}"
+
+
+def _first_user(sig: list[OpSig], k: int) -> str:
+    user = next((s for s in sig[k + 1 :] if any(j == k for j, _ in s.args)), None)
+    return f", first used by {user.op}{_at(user)}" if user else ""
 
 
 def diff(old: list[OpSig], new: list[OpSig]) -> str:
-    """One line on where two graph signatures first differ, naming the user's line when known."""
-    for k, (a, b) in enumerate(zip(old, new)):
-        if a == b:
-            continue
-        if b.op.startswith("<") and a.op.startswith("<"):  # graph inputs: device data, scalars, RNG keys
-            user = next((s for s in new if any(j == k for j, _ in s.args)), None)
-            used = f", first used by {user.op}{_at(user)}" if user else ""
-            if a.op != b.op:
-                return f"graph input {k} is {_kind(b)} instead of {_kind(a)}{used}"
-            return f"graph input {k} ({b.op[1:-1]}): {_change(a.outputs[0], b.outputs[0])}{used}"
+    """One line on where two graph signatures first differ, naming the user's line when known.
+
+    Both are in recording order (``signature``): the first difference is the first changed input shape or
+    dtype, Python value, or op in the user's program order; ops one graph has and the other lacks (pending
+    work carried over, a branch taken) are named as such.
+    """
+    k = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), None)
+    if k is None:
+        if len(old) == len(new):
+            return _donation(old, new)
+        k = min(len(old), len(new))
+        return _extra(new, k, len(new) - k) if len(new) > k else _missing(old, new, k, len(old) - k)
+    if old[k].key == new[k].key and _user(old, k) == _user(new, k):
+        return _substitution(old, new, k)
+    return _shifted(old, new, k) or _diverged(old, new, k)
+
+
+def _donation(old: list[OpSig], new: list[OpSig]) -> str:
+    """Two graphs alike in ops, shapes and constants: the first input one donates and the other does not."""
+    k = next((k for k, (a, b) in enumerate(zip(old, new)) if a.donated != b.donated), None)
+    if k is None:
+        return "the same ops, shapes and constants: inputs laid out differently, or another setting"
+    now, then = ("gives", "kept") if new[k].donated else ("keeps", "gave")
+    return (
+        f"the same ops, shapes and constants, but this program {now} the buffer of {_input(new, k)} "
+        f"({_kind(new[k])}){_first_user(new, k)} to its outputs, where the last one compiled here {then} it: a "
+        "program may reuse the buffers no live tensor holds after the sync, so a tensor kept alive in one step "
+        "and not in another (or a caller's reference) makes two programs"
+    )
+
+
+def _user(sig: list[OpSig], k: int) -> str | None:
+    """The key of the first op that uses input ``k`` (None for an op): inputs correspond when their users do."""
+    if not sig[k].is_input:
+        return None
+    return next((s.key for s in sig[k + 1 :] if any(j == k for j, _ in s.args)), None)
+
+
+_WINDOW = 8  # entries that must agree after an insertion for ``_shifted`` to call it one
+_SEARCH = 4096  # how far ``_shifted`` looks for the graphs to agree again
+
+
+def _shifted(old: list[OpSig], new: list[OpSig], k: int) -> str | None:
+    """When one graph has extra entries at ``k`` and then agrees with the other again: name them."""
+    keys_old = [s.key for s in old[k : k + _SEARCH + _WINDOW]]
+    keys_new = [s.key for s in new[k : k + _SEARCH + _WINDOW]]
+    for d in range(1, _SEARCH):
+        w = min(_WINDOW, len(keys_old), len(keys_new) - d)
+        if w > 0 and keys_new[d : d + w] == keys_old[:w]:
+            return _extra(new, k, d)
+        w = min(_WINDOW, len(keys_new), len(keys_old) - d)
+        if w > 0 and keys_old[d : d + w] == keys_new[:w]:
+            return _missing(old, new, k, d)
+        if d >= max(len(keys_old), len(keys_new)):
+            break
+    return None
+
+
+def _unmatched(sig: list[OpSig], k: int, d: int, op: str, ours: bool) -> str:
+    """``sig[k:k+d]``, entries one graph has and the other lacks (``ours``: this graph has them), at ``op``."""
+    part = sig[k : k + d]
+    counts = f"{_count(sum(not s.is_input for s in part), 'op')} and {_count(sum(s.is_input for s in part), 'input')}"
+    lines = list(dict.fromkeys(s.source for s in part if not s.is_input and s.source))
+    recorded = f"; they were recorded at {', '.join(lines[:3])}{', ...' if len(lines) > 3 else ''}" if lines else ""
+    first = next((s for s in part if not s.is_input), part[0])
+    if ours:
+        pending = " (recorded before the previous sync, which left them pending)" if first.pending else ""
+        what = f"this graph has {counts} that the last one compiled here did not have{pending}"
+    else:
+        pending = " (work left pending before its sync)" if first.pending else ""
+        what = f"the last graph compiled here had {counts} that this one does not{pending}"
+    return f"at {op} {what}: the first {'is' if ours else 'was'} {_what(first)}{recorded}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _extra(new: list[OpSig], k: int, d: int) -> str:
+    return _unmatched(new, k, d, _op(new, k), ours=True)
+
+
+def _missing(old: list[OpSig], new: list[OpSig], k: int, d: int) -> str:
+    return _unmatched(old, k, d, _op(new, k), ours=False)
+
+
+def _diverged(old: list[OpSig], new: list[OpSig], k: int) -> str:
+    a, b = old[k], new[k]
+    if a.is_input and b.is_input:
+        return (
+            f"from {_op(new, k)} on the graph differs from the last one compiled here: {_input(new, k)} is "
+            f"{_kind(b)}{_first_user(new, k)}, where that one had {_kind(a)}{_first_user(old, k)}"
+        )
+    if b.is_input:
+        return (
+            f"from {_op(new, k)} on the graph differs from the last one compiled here: it reads {_input(new, k)} "
+            f"({_kind(b)}){_first_user(new, k)}, where that one computed {a.op}{_at(a)}"
+        )
+    if a.is_input:
+        return (
+            f"from {_op(new, k)} on the graph differs from the last one compiled here: it computes {b.op}{_at(b)}, "
+            f"where that one read {_kind(a)}"
+        )
+    return f"{_op(new, k)} is {b.op}{_at(b)} instead of {a.op}{_at(a)}"
+
+
+def _substitution(old: list[OpSig], new: list[OpSig], k: int) -> str:
+    """The same op or input at ``k`` in both graphs, changed: its kind, shape, dtype, constants or wiring."""
+    a, b = old[k], new[k]
+    if a.is_input:
         if a.op != b.op:
-            return f"op {k} is {b.op} instead of {a.op}{_at(b)}"
-        if a.constants != b.constants:
-            return (
-                f"{b.op}{_at(b)}: a Python value in its arguments changed: {_argument_changes(a.values, b.values)} "
-                "(Python numbers passed as shapes, sizes or dims are baked into the program)"
-            )
-        if a.inputs != b.inputs:
-            changes = [f"input {i}: {_change(x, y)}" for i, (x, y) in enumerate(zip(a.inputs, b.inputs)) if x != y]
-            return f"{b.op}{_at(b)}: " + "; ".join(changes or ["its inputs are wired differently"])
-        if a.outputs != b.outputs:
-            changes = [_change(x, y) for x, y in zip(a.outputs, b.outputs) if x != y]
-            return f"{b.op}{_at(b)}: output " + "; ".join(changes)
-        return f"{b.op}{_at(b)}: its inputs come from other ops"
-    if len(old) != len(new):
-        tail = ""
-        if len(new) > len(old):
-            tail = f"; the first extra one is {new[len(old)].op}{_at(new[len(old)])}"
-        return f"the graph has {len(new)} nodes instead of {len(old)}{tail}"
-    return "the same ops, shapes and constants: inputs laid out or donated differently, or another setting"
+            return f"{_input(new, k)} is {_kind(b)} instead of {_kind(a)}{_first_user(new, k)}"
+        made = f" ({b.op[1:-1]}{': ' + b.source if b.source else ''})"
+        return f"{_input(new, k)}{made}: {_change(a.outputs[0], b.outputs[0])}{_first_user(new, k)}"
+    if a.constants != b.constants:
+        return f"{b.op}{_at(b)}: a Python value in its arguments changed: {_argument_changes(b, a.values, b.values)}"
+    if a.inputs != b.inputs:
+        changes = [f"input {i}: {_change(x, y)}" for i, (x, y) in enumerate(zip(a.inputs, b.inputs)) if x != y]
+        return f"{b.op}{_at(b)}: " + "; ".join(changes or ["its inputs are wired differently"])
+    if a.outputs != b.outputs:
+        changes = [_change(x, y) for x, y in zip(a.outputs, b.outputs) if x != y]
+        return f"{b.op}{_at(b)}: output " + "; ".join(changes)
+    return f"{b.op}{_at(b)}: its inputs come from other ops"
+
+
+def _growth(order, old: list[OpSig], pending_before: int) -> str | None:
+    """'the graph grows ...' when this graph is larger than the last one compiled here because it holds work
+    recorded before the previous sync (up to the recording count ``pending_before``); None otherwise."""
+    carried = sorted((n for n in order if 0 < n.seq <= pending_before), key=lambda n: n.seq)
+    ops_old = sum(not s.is_input for s in old)
+    if not carried or len(order) <= ops_old:
+        return None
+    # the pending values this step's work consumed: the carried ops no other carried op uses
+    inner = {id(m) for n in carried for m, _ in n.inputs}
+    left = collections.Counter(f"{n.op} at {n.source}" for n in carried if id(n) not in inner)
+    named = ", ".join(f"{what}{f' ({c} values)' if c > 1 else ''}" for what, c in list(left.items())[:3])
+    named += ", ..." if len(left) > 3 else ""
+    behind = len(carried) - sum(left.values())
+    return (
+        f"the graph grows from sync to sync ({ops_old} -> {len(order)} ops): it holds {len(carried)} ops recorded "
+        f"before the previous sync ({_marks[0][1]}), which left them pending: {named}"
+        + (f", with {behind} ops they depend on" if behind else "")
+        + ". A host read computes only what it reads; work recorded before it that it did not need stays pending, "
+        "with every op it depends on (even ops the read computed), and piles up into every later program: call "
+        "lazyxla.sync() after the read (it computes every pending tensor), or read once the step's updates are "
+        "recorded"
+    )
 
 
 _recompiles: list[dict[str, Any]] = []
 _last_graph: dict[str, list[OpSig]] = {}  # sync site -> signature of the last graph compiled there
 
 
-def explain_miss(site: str, order, leaves) -> str | None:
+def explain_miss(site: str, order, leaves, donated=()) -> str | None:
     """On a compile-cache miss: compare with the last graph compiled at ``site``; log and record the
-    difference. Returns the explanation (None for the first graph at a site)."""
-    sig = signature(order, leaves)
+    difference. Returns the explanation (None for the first graph at a site). ``donated``: the indices of the
+    leaves whose buffers the program may take."""
+    pending_before = _marks[0][0] if len(_marks) == 2 else 0
+    sig = signature(order, leaves, pending_before, donated)
     old = _last_graph.get(site)
     _last_graph[site] = sig
     if old is None:
         return None
-    why = diff(old, sig)
+    why = _growth(order, old, pending_before) or diff(old, sig)
     _recompiles.append({"site": site, "reason": why})
     log.warning("lazyxla recompiles at %s: %s", site, why)
     return why

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from lazyxla.ir import Leaf
 from lazyxla.lowering import to_jax
@@ -58,11 +57,7 @@ class TracedGraph:
             env[id(n)] = (arrays[k],)
             k += 1
         for n in self.order:
-            if any(m.op is Leaf.SCALAR for m, _ in n.inputs):
-                dt = to_jax._scalar_dtype(n)
-                ins = [jnp.asarray(m.payload, dt) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
-            else:
-                ins = [env[id(m)][i] for m, i in n.inputs]
+            ins = [to_jax.scalar_constant(n, m) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
             env[id(n)] = to_jax.apply(n, ins, axis, world)
         return tuple(env[id(m)][i] for m, i in self.results)
 
