@@ -24,7 +24,7 @@ STEPS = 4
 
 
 def _adamw(params):
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)  # torch's default: foreach, as HF Trainer's "adamw_torch"
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)  # torch's default (foreach): HF's "adamw_torch"
 
 
 def _sgd(params):
