@@ -50,7 +50,8 @@ def test_lora_fine_tune_trains_like_eager_and_merges_alike(dev):
     cpu_weights = dict(cpu_merged.named_parameters())
     assert not any("lora_" in n for n in cpu_weights), "merge_and_unload left adapters"
     for name, w in merged.named_parameters():
-        torch.testing.assert_close(w.detach().cpu(), cpu_weights[name].detach(), **TOL, msg=lambda m, n=name: f"{n}: {m}")
+        want = cpu_weights[name].detach()
+        torch.testing.assert_close(w.detach().cpu(), want, **TOL, msg=lambda m, n=name: f"{n}: {m}")
     base_q = frozen["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
     assert not torch.equal(cpu_weights["model.layers.0.self_attn.q_proj.weight"].detach(), base_q), "merged nothing"
     logits = merged(input_ids=batch["input_ids"].to(dev)).logits
