@@ -4,10 +4,13 @@ softmax, activation gradients and dropout (rules/activation.py), attention (rule
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import lazyxla
 from tests.util import check, to_dev
 from tests.util import normal as _r
 
@@ -351,3 +354,29 @@ def test_binary_cross_entropy(reduction):
 def test_dropout_identity_in_eval():
     check(lambda x: F.dropout(x, 0.5, training=False), _r(4, 5), grad=True)
     check(lambda x: F.dropout(x, 0.0, training=True), _r(4, 5), grad=True)
+
+
+# ---- weight norm ----
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_gradients(dim):
+    v = _r(4, 3, 5)
+    g = _r(*[s if i == dim else 1 for i, s in enumerate(v.shape)]) + 2
+    weights = torch.linspace(-1, 1, 5)  # a non-uniform gradient of w
+    check(lambda v, g: torch._weight_norm(v, g, dim) * weights.to(v.device), v, g, grad=True, **TOL)
+
+
+def test_weight_norm_conv_trains_on_the_device(dev):
+    """wav2vec2's positional convolution: ``parametrizations.weight_norm`` over the last dim; its backward op
+    (``_weight_norm_interface_backward``) has a rule, so nothing runs on the CPU."""
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 3, padding=1), name="weight", dim=2)
+    x = _r(2, 4, 6, grad=False)
+    grads = []
+    for m, inp in ((conv, x), (copy.deepcopy(conv).to(dev), to_dev(x))):
+        m(inp).square().sum().backward()
+        grads.append([p.grad for p in m.parameters()])
+    for got, want in zip(*reversed(grads)):
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+    assert not any(k.startswith("fallback.") for k in lazyxla.metrics.counters()), lazyxla.metrics.counters()

@@ -89,7 +89,7 @@ def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=No
     lazyxla, ``on_step()`` after each); the moved model and each step's loss."""
     model = model.to(device)
     opt = make_opt(model.parameters())
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     losses = []
     for _ in range(steps):
         loss = loss_of(model, **batch)

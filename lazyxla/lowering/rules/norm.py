@@ -1,4 +1,5 @@
-"""Rules for normalization: layer norm, group norm and batch norm (training, eval, functional forms).
+"""Rules for normalization: layer norm, group norm and batch norm (training, eval, functional forms), and
+weight norm's backward (its forward is PyTorch's decomposition).
 
 Layer and group norm's backward ops use the saved statistics (they get no eps); batch norm's backward
 is the ``jax.vjp`` of the forward written here.
@@ -96,6 +97,18 @@ def _native_group_norm_backward(ctx, g, x, mean, rstd, w, n, c, hxw, group, outp
     dw = (g * xhat).sum(param_axes) if output_mask[1] and w is not None else None
     db = g.sum(param_axes) if output_mask[2] else None
     return (None if dx is None else dx.reshape(x.shape)), dw, db
+
+
+@lowers(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(ctx, grad_w, v, g, norms, dim):
+    """``w = v * g / ||v||`` (the norm over every dim but ``dim``, kept as size 1): PyTorch's kernel's formula,
+    ``grad_g = sum(grad_w * v) / norm`` and ``grad_v = (g / norm) * (grad_w - v * grad_g / norm)``."""
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    grad_w, vf, norms = acc(grad_w), acc(v), acc(norms)
+    scale = acc(g) / norms
+    grad_g = jnp.sum(grad_w * vf, axis=axes, keepdims=True) / norms
+    grad_v = scale * grad_w - (scale * grad_g / norms) * vf
+    return grad_v.astype(v.dtype), grad_g.astype(g.dtype)
 
 
 def _bn_axes(x):
