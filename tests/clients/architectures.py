@@ -26,6 +26,7 @@ _SEQ2SEQ = {"vocab_size": V, "d_model": 32, "encoder_layers": 2, "decoder_layers
 _VISION = {"image_size": 32, "patch_size": 8, "num_channels": 3, "hidden_size": 32, "num_hidden_layers": 2,
            "num_attention_heads": 4, "intermediate_size": 64}  # fmt: skip
 CLASSES = 10
+EOS = 1  # CLIP's text embedding is its last token's, the first EOS (token ids are 3 and up)
 
 # name -> (the model, the kind of batch it trains on)
 ARCHITECTURES = {
@@ -155,7 +156,7 @@ ARCHITECTURES = {
     "clip": (
         lambda: T.CLIPModel(
             T.CLIPConfig(
-                text_config={**_ENCODER, "max_position_embeddings": 16, "attention_dropout": 0.0},
+                text_config={**_ENCODER, "max_position_embeddings": 16, "attention_dropout": 0.0, "eos_token_id": EOS},
                 vision_config={**_VISION, "attention_dropout": 0.0},
                 projection_dim=16,
             )
@@ -215,7 +216,8 @@ def batch(kind: str, seed: int = 1) -> dict:
     images = torch.randn(2, 3, 32, 32, generator=g)
     if kind == "image":
         return {"pixel_values": images, "labels": torch.randint(0, CLASSES, (2,), generator=g)}
-    if kind == "image_text":
+    if kind == "image_text":  # the text embedding comes from the EOS ending each text, which attends to all of it
+        ids[:, -1] = EOS
         return {"input_ids": ids, "pixel_values": images, "return_loss": True}
     if kind == "waveform":
         return {
