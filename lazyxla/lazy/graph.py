@@ -8,15 +8,20 @@ import math
 import os
 import time
 
+import torch
+
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
+from lazyxla.lazy.cut import Cut
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
+
+aten_cat = torch.ops.aten.cat.default
 
 
 def _walk(roots):
@@ -64,10 +69,12 @@ def plan_values(values_: list[tuple]) -> tuple[list, list, list, tuple]:
     return (roots, *_walk(roots))
 
 
-def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: SyncReport) -> None:
+def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, report: SyncReport) -> None:
+    """Compute ``tensors`` on ``device``. ``keep``: None, or donate the inputs that no live tensor holds
+    afterwards and that are not in ``keep`` (ids of leaves that graphs left pending still read)."""
     with metrics.timer("trace"):
         roots, order, leaves, events = plan(tensors)
-        donate = _donatable(leaves, tensors) if full and config.donate else ()
+        donate = _donatable(leaves, tensors, keep) if keep is not None and config.donate else ()
         key = (
             device,
             tuple((m.hash, i) for m, i in roots),
@@ -107,6 +114,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         tensors = args = None  # noqa: F841  (as above)
         raise
     metrics.inc("executions")
+    metrics.inc("nodes_executed", len(order))
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
     report.programs.append(
         ProgramReport(
@@ -292,14 +300,15 @@ def _arg(n):
     return n.payload
 
 
-def _donatable(leaves, pending) -> list[int]:
-    """Inputs no live tensor holds after this step: their buffers can be donated to its outputs."""
+def _donatable(leaves, pending, keep: set) -> list[int]:
+    """Inputs no live tensor holds after this step, nor a graph left pending (``keep``): their buffers can be
+    donated to its outputs."""
     pending_ids = {id(t) for t in pending}
     held = {id(t._value[0]) for t in live_tensors() if id(t) not in pending_ids}
-    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held)
+    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held and id(n) not in keep)
 
 
-def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> None:
+def _run_groups(pending: list, keep: set | None, trigger: str, report: SyncReport) -> None:
     """Run each device's program for the ``pending`` tensors (the list is emptied).
 
     A failure's traceback keeps the frames it passed (a logged exception keeps it for long), and they
@@ -309,7 +318,7 @@ def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> 
     groups = _group(pending)
     pending.clear()
     for device in list(groups):
-        _run(device, groups.pop(device), full, trigger, report)
+        _run(device, groups.pop(device), keep, trigger, report)
 
 
 def _group(tensors):
@@ -340,7 +349,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
         if pending:
             site = diagnostics.note_sync(reason)
-            _run_groups(pending, True, f"{reason} at {site}", report)
+            _run_groups(pending, set(), f"{reason} at {site}", report)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
@@ -362,23 +371,67 @@ def _freeze_gc_once() -> None:
         gc.freeze()
 
 
-def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
-    """Compute these tensors, and with them every live tensor whose value their program computes on the way.
+def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read: bool = False) -> None:
+    """Compute these tensors, with every live tensor whose value their program computes on the way, and the
+    values that tensors left pending take from that work.
 
     Those become device data too: a later read that needs one starts from it instead of computing it again in
     a graph that grows with every read. (LBFGS reads the host several times per iteration while its history,
     gradients and parameters stay live: each read's graph held all earlier iterations, every read compiled a
-    new, larger program, and the default LBFGS exhausted the process's memory maps inside its first step.)
+    new, larger program, and the default LBFGS exhausted the process's memory maps inside its first step.
+    A generation loop reads whether to stop after each token while the cache position, the position ids and
+    the generated ids get their next values from the token's work: ``lazy/cut.py``.)
+
+    ``host_read`` (a read of values by the host: ``.item()``, ``.cpu()``, ``print``) with
+    ``config.host_read_computes == "all"``: the read computes every pending tensor, as ``sync()`` does, except
+    pending concatenations (their pieces are computed), donating what no tensor holds afterwards.
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
         return
     metrics.inc("syncs")
     site = diagnostics.note_sync(reason)
-    report = SyncReport()
+    everything = host_read and _computes_all()
+    if everything:
+        want += _all_pending_but_concatenations()
     computed = {id(n) for n in plan_values(want)[1]}
-    pending = [t for t in live_tensors() if id(t._value[0]) in computed]
-    _run_groups(pending, False, f"{reason} at {site}", report)
+    pending, others = [], []
+    for t in live_tensors():
+        n = t._value[0]
+        if id(n) in computed:
+            pending.append(t)
+        elif n.op.__class__ is not Leaf:
+            others.append(t)
+    frontier = Cut([t._value for t in others], computed)
+    pending += frontier.holders  # the values other pending tensors take from this work: computed with it
+    try:
+        _run_groups(pending, frontier.leaves if everything else None, f"{reason} at {site}", SyncReport())
+    finally:
+        frontier.rebind(others)
+        others = None  # noqa: F841  (a failure's traceback keeps this frame: see _run_groups)
+
+
+_HOST_READ_COMPUTES = ("needed", "all")
+
+
+def _computes_all() -> bool:
+    mode = config.host_read_computes
+    if mode not in _HOST_READ_COMPUTES:
+        raise ValueError(f"lazyxla.config.host_read_computes is {mode!r}; expected one of {_HOST_READ_COMPUTES}")
+    return mode == "all"
+
+
+def _all_pending_but_concatenations() -> list[tuple]:
+    """The values of every pending live tensor, where a pending ``cat`` stands for its pending pieces: the
+    concatenation stays pending (``lazy/special.py`` reads its last piece without it)."""
+    want, stack = [], [t._value for t in live_tensors()]
+    while stack:
+        n, i = stack.pop()
+        if n.op is aten_cat:
+            stack.extend(n.inputs)
+        elif n.op.__class__ is not Leaf:
+            want.append((n, i))
+    return want
 
 
 def wait_device_ops() -> None:
