@@ -122,10 +122,10 @@ def run_row(model_name: str, cache: str, policy: str, mode: str, tokens: int, si
     cold = timed_generate(model, prompt.to(dev), kw)
     warm = timed_generate(model, prompt.to(dev), kw)
     fallbacks = sorted(k for k in lazyxla.metrics.counters() if k.startswith("fallback."))
+    equal = all(torch.equal(run["tokens"], eager["tokens"]) for run in (cold, warm))
     return {
         "model": model_name, "cache": cache, "policy": policy, "mode": mode, "tokens": tokens, "size": size,
-        "equal_to_cpu": bool(torch.equal(cold["tokens"], eager["tokens"]) and torch.equal(warm["tokens"], eager["tokens"])),
-        "fallbacks": fallbacks,
+        "equal_to_cpu": equal, "fallbacks": fallbacks,
         "eager": _drop_tokens(eager), "cold": _drop_tokens(cold), "warm": _drop_tokens(warm),
     }  # fmt: skip
 
@@ -161,12 +161,17 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "compiles_after_token_3": sum(per_token[3:]),
         "read_compiles": cold["read"]["compiles"],
         "nodes_per_token": nodes,
-        "warm_compiles": warm["setup"]["compiles"] + sum(t["compiles"] for t in warm["per_token"]) + warm["read"]["compiles"],
-        "cold_s": cold["setup"]["s"] + sum(t["s"] for t in cold["per_token"]) + cold["read"]["s"],
+        "warm_compiles": _total(warm, "compiles"),
+        "cold_s": _total(cold, "s"),
         "lazyxla_ms_per_token": lazy_ms,
         "eager_ms_per_token": eager_ms,
         "ratio": R.ratio(lazy_ms, eager_ms),
     }  # fmt: skip
+
+
+def _total(run: dict[str, Any], key: str) -> float:
+    """``key`` summed over a whole call: before the first token, every token, and the output's read."""
+    return run["setup"][key] + sum(t[key] for t in run["per_token"]) + run["read"][key]
 
 
 def _shown(xs: list[int], first: int = 6) -> str:
@@ -178,16 +183,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = []
     for r in rows:
         s = r["summary"]
+        nodes = s["nodes_per_token"]
         lines.append([
-            f"{r['model']} {r['cache']} {r['mode']}", r["policy"], str(s["setup_compiles"]), _shown(s["compiles_per_token"]),
-            str(s["compiles_after_token_3"]), str(s["read_compiles"]),
-            f"{s['nodes_per_token'][1] if len(s['nodes_per_token']) > 1 else '-'}–{s['nodes_per_token'][-1]}",
-            str(s["warm_compiles"]), R.fmt(s["cold_s"]), R.fmt(s["lazyxla_ms_per_token"]), R.fmt(s["eager_ms_per_token"]),
-            R.fmt(s["ratio"]), "yes" if r["equal_to_cpu"] and not r["fallbacks"] else "NO",
+            f"{r['model']} {r['cache']} {r['mode']}", r["policy"], str(s["setup_compiles"]),
+            _shown(s["compiles_per_token"]), str(s["compiles_after_token_3"]), str(s["read_compiles"]),
+            f"{nodes[1] if len(nodes) > 1 else '-'}–{nodes[-1]}", str(s["warm_compiles"]), R.fmt(s["cold_s"]),
+            R.fmt(s["lazyxla_ms_per_token"]), R.fmt(s["eager_ms_per_token"]), R.fmt(s["ratio"]),
+            "yes" if r["equal_to_cpu"] and not r["fallbacks"] else "NO",
         ])  # fmt: skip
     tokens, size = rows[0]["tokens"], rows[0]["size"]
     return R.table(
-        f"generate(): {tokens} new tokens, batch 2, {size} models ({SIZES[size]}: hidden, layers, heads, vocab, prompt)",
+        f"generate(): {tokens} new tokens, batch 2, {size} models {SIZES[size]} (hidden, layers, heads, vocab, prompt)",
         ["model cache mode", "reads compute", "setup", "compiles per token", "after tok 3", "final read",
          "nodes/token", "2nd call", "cold s", "ms/tok lazyxla", "ms/tok eager", "x eager", "= CPU"],
         lines,
@@ -226,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
                     r["summary"] = summarize(r)
                     rows.append(r)
     print(table(rows))
-    print(f"  machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-          f"transformers {T.__version__}")  # fmt: skip
+    cpu = platform.processor() or platform.machine()
+    print(f"  machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}, transformers {T.__version__}")
     R.write_json(a.json, {"rows": rows})
 
 

@@ -98,6 +98,50 @@ def test_a_read_does_not_raise_for_a_broken_op_it_does_not_need(dev, monkeypatch
     lazyxla.sync()
 
 
+def _counter_loop(device, steps: int = 8):
+    """A loop whose reads need none of its work: a counter on the device decides when to stop."""
+    x = uniform(4).to(device)
+    done = torch.zeros((), device=device)
+    for step in range(steps):
+        x = torch.sin(x) * 1.5
+        done = done + 1
+        assert done.item() == step + 1
+    return x
+
+
+def test_work_a_read_left_pending_is_computed_at_the_next_read(dev):
+    """Each read also computes the work the previous read left pending (in a program of its own), so the loop's
+    work does not pile up until something reads it: the final read runs the last step only. Before, it ran
+    one program holding every step."""
+    want = _counter_loop(torch.device("cpu"))
+    got = _counter_loop(dev)
+    compiles, nodes = _counters()
+    got = got.cpu()
+    torch.testing.assert_close(got, want)
+    assert _counters()[1] - nodes <= 2  # sin and mul: the last step
+    assert _counters()[0] - compiles <= 1
+
+
+def test_work_left_pending_that_fails_changes_nothing(dev, monkeypatch):
+    """A broken op left pending across reads does not make the reads fail: it raises where it is read."""
+    from lazyxla.lowering import cache
+    from lazyxla.lowering.registry import RULES, Rule
+
+    def broken(ctx, x):
+        raise ValueError("deliberately broken rule")
+
+    monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(broken))
+    cache.clear()
+    x = torch.ones(3).to(dev)
+    bad = torch.cos(x * 2)
+    for i in range(3):
+        assert (x + i).sum().item() == 3 * (1 + i)
+    with pytest.raises(LoweringError, match="deliberately broken rule"):
+        bad.cpu()
+    del bad
+    lazyxla.sync()
+
+
 # ---- slices and indexes of a pending cat ----
 
 CAT_READS = {

@@ -14,7 +14,13 @@ same graph over those results, as device data. After a host read no pending tens
 
 from __future__ import annotations
 
+import weakref
+
+import torch
+
 from lazyxla.ir import Leaf, rewired
+
+_CAT = torch.ops.aten.cat.default
 
 
 class Holder:
@@ -79,3 +85,34 @@ class Cut:
             n, i = t._value
             if rebuilt.get(id(n), n) is not n:
                 t._value = (rebuilt[id(n)], i)
+
+
+def remember(values: list[tuple]) -> dict:
+    """The computation nodes of the graphs of ``values``, by id, as weak references (for ``left_over``)."""
+    seen: dict = {}
+    stack = [n for n, _ in values]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.op.__class__ is Leaf:
+            continue
+        seen[id(n)] = weakref.ref(n)
+        stack.extend(m for m, _ in n.inputs)
+    return seen
+
+
+def left_over(values: list[tuple], earlier: dict) -> list[tuple]:
+    """The values in the graphs of ``values`` whose nodes were pending already in ``earlier`` (``remember``):
+    the outermost such values, looking through concatenations (they stay pending; their pieces do not)."""
+    found, seen = {}, set()
+    stack = list(values)
+    while stack:
+        n, i = stack.pop()
+        if n.op.__class__ is Leaf:
+            continue
+        ref = earlier.get(id(n))
+        if ref is not None and ref() is n and n.op is not _CAT:
+            found[(id(n), i)] = (n, i)
+        elif id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.inputs)
+    return list(found.values())

@@ -15,7 +15,7 @@ from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
-from lazyxla.lazy.cut import Cut
+from lazyxla.lazy.cut import Cut, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
@@ -347,6 +347,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
     report = SyncReport()
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+        _left_pending.clear()
         if pending:
             site = diagnostics.note_sync(reason)
             _run_groups(pending, set(), f"{reason} at {site}", report)
@@ -382,18 +383,28 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     A generation loop reads whether to stop after each token while the cache position, the position ids and
     the generated ids get their next values from the token's work: ``lazy/cut.py``.)
 
-    ``host_read`` (a read of values by the host: ``.item()``, ``.cpu()``, ``print``) with
-    ``config.host_read_computes == "all"``: the read computes every pending tensor, as ``sync()`` does, except
+    ``host_read``: a read of values by the host (``.item()``, ``.cpu()``, ``print``). Work that the previous
+    host read left pending and this one does not need is computed too, in a program of its own (a loop whose
+    reads need none of its work would otherwise pile it all up until something reads it). With
+    ``config.host_read_computes == "all"`` the read computes every pending tensor, as ``sync()`` does, except
     pending concatenations (their pieces are computed), donating what no tensor holds afterwards.
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
         return
     metrics.inc("syncs")
-    site = diagnostics.note_sync(reason)
+    trigger = f"{reason} at {diagnostics.note_sync(reason)}"
     everything = host_read and _computes_all()
     if everything:
         want += _all_pending_but_concatenations()
+    _compute(want, everything, trigger)
+    if host_read:
+        _compute_left_over(trigger)
+
+
+def _compute(want: list[tuple], donate: bool, trigger: str) -> None:
+    """Run the program of the values ``want``, rebinding every live tensor it computes and cutting the others
+    at its work (``lazy/cut.py``); ``donate``: as a sync does, keeping what the pending graphs still read."""
     computed = {id(n) for n in plan_values(want)[1]}
     pending, others = [], []
     for t in live_tensors():
@@ -405,10 +416,34 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     frontier = Cut([t._value for t in others], computed)
     pending += frontier.holders  # the values other pending tensors take from this work: computed with it
     try:
-        _run_groups(pending, frontier.leaves if everything else None, f"{reason} at {site}", SyncReport())
+        _run_groups(pending, frontier.leaves if donate else None, trigger, SyncReport())
     finally:
         frontier.rebind(others)
         others = None  # noqa: F841  (a failure's traceback keeps this frame: see _run_groups)
+
+
+# The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
+_left_pending: dict = {}
+
+
+def _compute_left_over(trigger: str) -> None:
+    """After a host read: compute the work the previous host read had left pending too (not concatenations:
+    ``lazy/special.py`` reads their last piece without them), then remember what is pending now.
+
+    It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
+    failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
+    raise when they are read (DESIGN.md, decision 10).
+    """
+    values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    stale = left_over(values, _left_pending)
+    if stale:
+        try:
+            _compute(stale, False, f"{trigger} (work the previous read left pending)")
+        except Exception:  # noqa: S110  (nothing ran and nothing changed: the error comes back at their read)
+            pass
+        values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    _left_pending.clear()
+    _left_pending.update(remember(values))
 
 
 _HOST_READ_COMPUTES = ("needed", "all")
