@@ -15,6 +15,8 @@ import torch
 
 import lazyxla
 from lazyxla.lazy.tensor import unwrap
+from lazyxla.lowering import cache
+from lazyxla.lowering.registry import RULES, Rule
 from lazyxla.lowering.to_jax import LoweringError
 from tests.util import check, integers, uniform
 
@@ -80,15 +82,18 @@ def test_a_cut_keeps_random_draws(dev):
     assert ((first - uniform(64)) >= 0).all() and ((first - uniform(64)) < 1).all()
 
 
-def test_a_read_does_not_raise_for_a_broken_op_it_does_not_need(dev, monkeypatch):
-    from lazyxla.lowering import cache
-    from lazyxla.lowering.registry import RULES, Rule
+def _broken(ctx, x):
+    raise ValueError("deliberately broken rule")
 
-    def broken(ctx, x):
-        raise ValueError("deliberately broken rule")
 
-    monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(broken))
+@pytest.fixture
+def broken_cos(monkeypatch):
+    """``torch.cos`` fails to lower (its rule raises)."""
+    monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(_broken))
     cache.clear()
+
+
+def test_a_read_does_not_raise_for_a_broken_op_it_does_not_need(dev, broken_cos):
     x = torch.ones(3).to(dev) * 2
     bad = torch.cos(x)  # pending, built on x
     assert x.sum().item() == 6.0
@@ -122,16 +127,8 @@ def test_work_a_read_left_pending_is_computed_at_the_next_read(dev):
     assert _counters()[0] - compiles <= 1
 
 
-def test_work_left_pending_that_fails_changes_nothing(dev, monkeypatch):
+def test_work_left_pending_that_fails_changes_nothing(dev, broken_cos):
     """A broken op left pending across reads does not make the reads fail: it raises where it is read."""
-    from lazyxla.lowering import cache
-    from lazyxla.lowering.registry import RULES, Rule
-
-    def broken(ctx, x):
-        raise ValueError("deliberately broken rule")
-
-    monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(broken))
-    cache.clear()
     x = torch.ones(3).to(dev)
     bad = torch.cos(x * 2)
     for i in range(3):

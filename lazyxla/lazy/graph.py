@@ -385,7 +385,9 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
 
     ``host_read``: a read of values by the host (``.item()``, ``.cpu()``, ``print``). Work that the previous
     host read left pending and this one does not need is computed too, in a program of its own (a loop whose
-    reads need none of its work would otherwise pile it all up until something reads it). With
+    reads need none of its work would otherwise pile it all up until something reads it); not in a
+    multi-process run, where that work may hold collectives that a read on one process (``if rank == 0:
+    print(loss.item())``) must not run alone. With
     ``config.host_read_computes == "all"`` the read computes every pending tensor, as ``sync()`` does, except
     pending concatenations (their pieces are computed), donating what no tensor holds afterwards.
     """
@@ -398,7 +400,7 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     if everything:
         want += _all_pending_but_concatenations()
     _compute(want, everything, trigger)
-    if host_read:
+    if host_read and processes.process_count() == 1:  # elsewhere that work may hold collectives (see below)
         _compute_left_over(trigger)
 
 
