@@ -113,6 +113,21 @@ def test_generate_gives_cpu_tokens_without_a_compile_per_token(name, mode, cache
     assert lazyxla.metrics.counters()["compiles"] == 0
 
 
+def test_a_left_padded_batch_gives_cpu_tokens(dev):
+    """With an attention mask the padding positions attend to nothing: attention must give them zeros, as
+    PyTorch does (it gave NaN, and every token of the padded sequence differed). HF grows the 2-D mask by a
+    column per token and builds each step's 4-D mask from all of it, so such a call compiles every token."""
+    model = _model("gpt2")
+    prompt = _prompt()
+    prompt[1, :2] = 0  # left padding
+    mask = (prompt != 0).long()
+    kw = {"do_sample": False, "max_new_tokens": NEW, "cache_implementation": "static"}
+    want = model.generate(prompt, attention_mask=mask, pad_token_id=0, **kw)
+    model.to(dev)
+    got, _ = _generate(model, prompt.to(dev), attention_mask=mask.to(dev), **kw)
+    assert torch.equal(got, want), (got, want)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_sampling_is_seeded_and_draws_from_the_cpu_models_top_k(name, dev):
     model = _model(name)
