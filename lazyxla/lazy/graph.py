@@ -385,28 +385,33 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
 
     ``host_read``: a read of values by the host (``.item()``, ``.cpu()``, ``print``). Work that the previous
     host read left pending and this one does not need is computed too, in a program of its own (a loop whose
-    reads need none of its work would otherwise pile it all up until something reads it); not in a
-    multi-process run, where that work may hold collectives that a read on one process (``if rank == 0:
-    print(loss.item())``) must not run alone. With
+    reads need none of its work would otherwise pile it all up until something reads it). With
     ``config.host_read_computes == "all"`` the read computes every pending tensor, as ``sync()`` does, except
     pending concatenations (their pieces are computed), donating what no tensor holds afterwards.
+
+    In a multi-process run a read computes what it needs and the live tensors on the way, nothing more, and
+    leaves the other graphs as they are: a read on one process only (``if rank == 0: print(loss.item())``)
+    must neither run collectives the other processes do not, nor reshape the graphs of the step they all run
+    next (a replica program orders its collectives by its roots' hashes, which a cut would change on that
+    process alone).
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
         return
     metrics.inc("syncs")
     trigger = f"{reason} at {diagnostics.note_sync(reason)}"
-    everything = host_read and _computes_all()
+    alone = processes.process_count() == 1
+    everything = host_read and alone and _computes_all()
     if everything:
         want += _all_pending_but_concatenations()
-    _compute(want, everything, trigger)
-    if host_read and processes.process_count() == 1:  # elsewhere that work may hold collectives (see below)
+    _compute(want, everything, trigger, cut=alone)
+    if host_read and alone:
         _compute_left_over(trigger)
 
 
-def _compute(want: list[tuple], donate: bool, trigger: str) -> None:
-    """Run the program of the values ``want``, rebinding every live tensor it computes and cutting the others
-    at its work (``lazy/cut.py``); ``donate``: as a sync does, keeping what the pending graphs still read."""
+def _compute(want: list[tuple], donate: bool, trigger: str, cut: bool = True) -> None:
+    """Run the program of the values ``want``, rebinding every live tensor it computes and (``cut``) cutting the
+    others at its work (``lazy/cut.py``); ``donate``: as a sync does, keeping what the pending graphs read."""
     computed = {id(n) for n in plan_values(want)[1]}
     pending, others = [], []
     for t in live_tensors():
@@ -415,7 +420,7 @@ def _compute(want: list[tuple], donate: bool, trigger: str) -> None:
             pending.append(t)
         elif n.op.__class__ is not Leaf:
             others.append(t)
-    frontier = Cut([t._value for t in others], computed)
+    frontier = Cut([t._value for t in others] if cut else [], computed)
     pending += frontier.holders  # the values other pending tensors take from this work: computed with it
     try:
         _run_groups(pending, frontier.leaves if donate else None, trigger, SyncReport())
