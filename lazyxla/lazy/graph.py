@@ -392,8 +392,8 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     In a multi-process run a read computes what it needs and the live tensors on the way, nothing more, and
     leaves the other graphs as they are: a read on one process only (``if rank == 0: print(loss.item())``)
     must neither run collectives the other processes do not, nor reshape the graphs of the step they all run
-    next (a replica program orders its collectives by its roots' hashes, which a cut would change on that
-    process alone).
+    next (with a cut on rank 0 only, the two ranks' step programs, built from differently cut graphs, met in
+    gloo with mismatched all-reduce sizes and the run aborted).
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
