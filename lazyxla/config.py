@@ -65,6 +65,17 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("donate", bool, True, "Donate the device buffers of tensors a full sync overwrites."),
     Flag(
+        "host_read_computes",
+        str,
+        "needed",
+        "What a host read (.item(), .cpu(), print) computes. 'needed': the values it reads, every live tensor "
+        "computed on the way, and the values other pending tensors take from that work (so no pending graph "
+        "keeps work already done). 'all': every pending tensor, as lazyxla.sync() (torch_xla's mark_step) does, "
+        "except that a pending torch.cat stays pending with its pieces computed; inputs no tensor holds are "
+        "donated. A multi-process run always computes what a read needs (and what is on the way), nothing more. "
+        "See docs/performance.md (generation) for what each costs.",
+    ),
+    Flag(
         "freeze_gc",
         bool,
         True,

@@ -162,6 +162,22 @@ def node(op, inputs: tuple, template: Any, avals: tuple, device: int, base: int)
     return Node(op, inputs, template, avals, h, None, device)
 
 
+def rewired(n: Node, inputs: tuple) -> Node:
+    """A new node computing what ``n`` computes (same op, arguments and outputs) from other ``inputs``,
+    with the structural hash those inputs give it.
+
+    Example:
+        >>> x = leaf(Leaf.DATA, None, Aval((2,), torch.float32), 0)
+        >>> base = op_hash(torch.ops.aten.sin.default, canonical(((IN[0],), ())), 0)
+        >>> y = node(torch.ops.aten.sin.default, ((x, 0),), ((IN[0],), ()), x.avals, 0, base)
+        >>> rewired(y, ((leaf(Leaf.DATA, None, x.avals[0], 0), 0),)).hash == y.hash
+        True
+    """
+    new = node(n.op, inputs, n.template, n.avals, n.device, op_hash(n.op, canonical(n.template), n.device))
+    new.source = n.source
+    return new
+
+
 def leaf(kind: Leaf, payload: Any, aval: Aval, device: int) -> Node:
     return Node(kind, (), None, (aval,), op_hash(kind, aval, device), payload, device)
 

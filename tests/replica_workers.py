@@ -171,8 +171,10 @@ def dp_problem(world: int, batch: int = 3, seed: int = 0):
     return model, x, y
 
 
-def dp_train(rank: int, world: int, steps: int, batch: int = 3) -> list:
-    """Data-parallel SGD with momentum: each replica trains on its slice; lazyxla.optimizer_step averages."""
+def dp_train(rank: int, world: int, steps: int, batch: int = 3, master_reads: int = 0) -> list:
+    """Data-parallel SGD with momentum: each replica trains on its slice; lazyxla.optimizer_step averages.
+    ``master_reads``: rank 0 alone reads its loss that many times after each optimizer step (before the sync,
+    while the step's gradient all-reduce is pending)."""
     import lazyxla
 
     dev = lazyxla.device()
@@ -184,6 +186,8 @@ def dp_train(rank: int, world: int, steps: int, batch: int = 3) -> list:
         loss = torch.nn.functional.mse_loss(model(xs), ys)
         loss.backward()
         lazyxla.optimizer_step(opt)
+        for i in range(master_reads if rank == 0 else 0):
+            print(f"loss x {i + 1}: {(loss * (i + 1)).item():.4f}")  # each a new pending value
         opt.zero_grad()
         lazyxla.sync()
     return [p.detach().cpu().numpy() for p in model.parameters()]

@@ -315,6 +315,14 @@ def test_data_parallel_training_equals_one_process_on_the_whole_batch():
     _assert_equal_to_one_process_on_the_whole_batch(per_rank, world, steps)
 
 
+def test_reads_on_the_master_only_run_no_collective():
+    """Rank 0 reads its loss twice while the step's all-reduce is pending: each read computes what it needs (the
+    forward), never the pending collective, which the other ranks run only at their sync."""
+    world, steps = 2, 2
+    per_rank = lazyxla.spawn(W.dp_train, args=(world, steps, 3, 2), nprocs=world, timeout_s=240)
+    _assert_equal_to_one_process_on_the_whole_batch(per_rank, world, steps)
+
+
 def test_distributed_data_parallel_over_the_lazyxla_process_group():
     world, steps = 4, 5
     runs = lazyxla.spawn(W.ddp_train, args=(world, steps), nprocs=world, timeout_s=240)

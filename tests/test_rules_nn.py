@@ -204,6 +204,23 @@ def test_scaled_dot_product_attention_masks():
           _r(4, 6, grad=False, seed=5), grad=True, **TOL)  # fmt: skip
 
 
+def test_scaled_dot_product_attention_queries_with_nothing_to_attend_to():
+    """Padding positions under a padding mask (left-padded batches in generation): their rows are all masked,
+    and PyTorch gives zeros and zero gradients there. The fused rule gave NaN, which reached every logit of the
+    padded sequence."""
+    q, k, v = _r(2, 2, 4, 3), _r(2, 2, 4, 3, seed=1), _r(2, 2, 4, 5, seed=2)
+    keep = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    keep[1, :, :, :2] = False  # the second sequence's first two positions are padding
+    keep[1, :, 0] = False
+    bias = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    for mask in (keep, bias):
+        check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, grad=True,
+              **TOL)  # fmt: skip
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool)) & keep
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, causal, grad=True,
+          **TOL)  # fmt: skip
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_attention_is_one_op_forward_and_backward(causal, dev):
     """4-d attention without dropout records PyTorch's overrideable fused op (and its backward), not the

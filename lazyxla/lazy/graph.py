@@ -8,15 +8,20 @@ import math
 import os
 import time
 
+import torch
+
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
+from lazyxla.lazy.cut import Cut, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
+
+aten_cat = torch.ops.aten.cat.default
 
 
 def _walk(roots):
@@ -64,10 +69,12 @@ def plan_values(values_: list[tuple]) -> tuple[list, list, list, tuple]:
     return (roots, *_walk(roots))
 
 
-def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: SyncReport) -> None:
+def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, report: SyncReport) -> None:
+    """Compute ``tensors`` on ``device``. ``keep``: None, or donate the inputs that no live tensor holds
+    afterwards and that are not in ``keep`` (ids of leaves that graphs left pending still read)."""
     with metrics.timer("trace"):
         roots, order, leaves, events = plan(tensors)
-        donate = _donatable(leaves, tensors) if full and config.donate else ()
+        donate = _donatable(leaves, tensors, keep) if keep is not None and config.donate else ()
         key = (
             device,
             tuple((m.hash, i) for m, i in roots),
@@ -107,6 +114,7 @@ def _run(device: int, tensors: list[LazyTensor], full: bool, site: str, report: 
         tensors = args = None  # noqa: F841  (as above)
         raise
     metrics.inc("executions")
+    metrics.inc("nodes_executed", len(order))
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
     report.programs.append(
         ProgramReport(
@@ -292,14 +300,15 @@ def _arg(n):
     return n.payload
 
 
-def _donatable(leaves, pending) -> list[int]:
-    """Inputs no live tensor holds after this step: their buffers can be donated to its outputs."""
+def _donatable(leaves, pending, keep: set) -> list[int]:
+    """Inputs no live tensor holds after this step, nor a graph left pending (``keep``): their buffers can be
+    donated to its outputs."""
     pending_ids = {id(t) for t in pending}
     held = {id(t._value[0]) for t in live_tensors() if id(t) not in pending_ids}
-    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held)
+    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held and id(n) not in keep)
 
 
-def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> None:
+def _run_groups(pending: list, keep: set | None, trigger: str, report: SyncReport) -> None:
     """Run each device's program for the ``pending`` tensors (the list is emptied).
 
     A failure's traceback keeps the frames it passed (a logged exception keeps it for long), and they
@@ -309,7 +318,7 @@ def _run_groups(pending: list, full: bool, trigger: str, report: SyncReport) -> 
     groups = _group(pending)
     pending.clear()
     for device in list(groups):
-        _run(device, groups.pop(device), full, trigger, report)
+        _run(device, groups.pop(device), keep, trigger, report)
 
 
 def _group(tensors):
@@ -338,9 +347,10 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
     report = SyncReport()
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+        _left_pending.clear()
         if pending:
             site = diagnostics.note_sync(reason)
-            _run_groups(pending, True, f"{reason} at {site}", report)
+            _run_groups(pending, set(), f"{reason} at {site}", report)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
@@ -362,23 +372,108 @@ def _freeze_gc_once() -> None:
         gc.freeze()
 
 
-def sync_tensors(tensors: list[LazyTensor], reason: str = "host read") -> None:
-    """Compute these tensors, and with them every live tensor whose value their program computes on the way.
+def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read: bool = False) -> None:
+    """Compute these tensors, with every live tensor whose value their program computes on the way, and the
+    values that tensors left pending take from that work.
 
     Those become device data too: a later read that needs one starts from it instead of computing it again in
     a graph that grows with every read. (LBFGS reads the host several times per iteration while its history,
     gradients and parameters stay live: each read's graph held all earlier iterations, every read compiled a
-    new, larger program, and the default LBFGS exhausted the process's memory maps inside its first step.)
+    new, larger program, and the default LBFGS exhausted the process's memory maps inside its first step.
+    A generation loop reads whether to stop after each token while the cache position, the position ids and
+    the generated ids get their next values from the token's work: ``lazy/cut.py``.)
+
+    ``host_read``: a read of values by the host (``.item()``, ``.cpu()``, ``print``). Work that the previous
+    host read left pending and this one does not need is computed too, in a program of its own (a loop whose
+    reads need none of its work would otherwise pile it all up until something reads it). With
+    ``config.host_read_computes == "all"`` the read computes every pending tensor, as ``sync()`` does, except
+    pending concatenations (their pieces are computed), donating what no tensor holds afterwards.
+
+    In a multi-process run a read computes what it needs and the live tensors on the way, nothing more, and
+    leaves the other graphs as they are: a read on one process only (``if rank == 0: print(loss.item())``)
+    must neither run collectives the other processes do not, nor reshape the graphs of the step they all run
+    next (with a cut on rank 0 only, the two ranks' step programs, built from differently cut graphs, met in
+    gloo with mismatched all-reduce sizes and the run aborted).
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
         return
     metrics.inc("syncs")
-    site = diagnostics.note_sync(reason)
-    report = SyncReport()
+    trigger = f"{reason} at {diagnostics.note_sync(reason)}"
+    alone = processes.process_count() == 1
+    everything = host_read and alone and _computes_all()
+    if everything:
+        want += _all_pending_but_concatenations()
+    _compute(want, everything, trigger, cut=alone)
+    if host_read and alone:
+        _compute_left_over(trigger)
+
+
+def _compute(want: list[tuple], donate: bool, trigger: str, cut: bool = True) -> None:
+    """Run the program of the values ``want``, rebinding every live tensor it computes and (``cut``) cutting the
+    others at its work (``lazy/cut.py``); ``donate``: as a sync does, keeping what the pending graphs read."""
     computed = {id(n) for n in plan_values(want)[1]}
-    pending = [t for t in live_tensors() if id(t._value[0]) in computed]
-    _run_groups(pending, False, f"{reason} at {site}", report)
+    pending, others = [], []
+    for t in live_tensors():
+        n = t._value[0]
+        if id(n) in computed:
+            pending.append(t)
+        elif n.op.__class__ is not Leaf:
+            others.append(t)
+    frontier = Cut([t._value for t in others] if cut else [], computed)
+    pending += frontier.holders  # the values other pending tensors take from this work: computed with it
+    try:
+        _run_groups(pending, frontier.leaves if donate else None, trigger, SyncReport())
+    finally:
+        frontier.rebind(others)
+        others = None  # noqa: F841  (a failure's traceback keeps this frame: see _run_groups)
+
+
+# The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
+_left_pending: dict = {}
+
+
+def _compute_left_over(trigger: str) -> None:
+    """After a host read: compute the work the previous host read had left pending too (not concatenations:
+    ``lazy/special.py`` reads their last piece without them), then remember what is pending now.
+
+    It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
+    failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
+    raise when they are read (DESIGN.md, decision 10).
+    """
+    values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    stale = left_over(values, _left_pending)
+    if stale:
+        try:
+            _compute(stale, False, f"{trigger} (work the previous read left pending)")
+        except Exception:  # noqa: S110  (nothing ran and nothing changed: the error comes back at their read)
+            pass
+        values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    _left_pending.clear()
+    _left_pending.update(remember(values))
+
+
+_HOST_READ_COMPUTES = ("needed", "all")
+
+
+def _computes_all() -> bool:
+    mode = config.host_read_computes
+    if mode not in _HOST_READ_COMPUTES:
+        raise ValueError(f"lazyxla.config.host_read_computes is {mode!r}; expected one of {_HOST_READ_COMPUTES}")
+    return mode == "all"
+
+
+def _all_pending_but_concatenations() -> list[tuple]:
+    """The values of every pending live tensor, where a pending ``cat`` stands for its pending pieces: the
+    concatenation stays pending (``lazy/special.py`` reads its last piece without it)."""
+    want, stack = [], [t._value for t in live_tensors()]
+    while stack:
+        n, i = stack.pop()
+        if n.op is aten_cat:
+            stack.extend(n.inputs)
+        elif n.op.__class__ is not Leaf:
+            want.append((n, i))
+    return want
 
 
 def wait_device_ops() -> None:

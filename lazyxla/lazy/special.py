@@ -27,7 +27,7 @@ aten = torch.ops.aten
 
 
 def _materialize(t: LazyTensor, reason: str = "host read"):
-    graph.sync_tensors([t], reason=reason)
+    graph.sync_tensors([t], reason=reason, host_read=True)
     raise_if_error(t._value[0])
     return t._value[0].payload
 
@@ -191,6 +191,62 @@ def _nonzero(x):
     return record(aten.nonzero_static.default, (x,), {"size": int(lazy_to_cpu(count).item())})
 
 
+# ---- reads of one piece of a pending concatenation ----
+#
+# A sequence grown one step at a time (``ids = torch.cat([ids, token[:, None]], -1)``; generation does it to
+# the token ids and the position ids) is read back at its end (``ids[:, -1:]``). Recorded as they are, those
+# reads make every program that needs the last token take the whole sequence as an input, whose length
+# changes each step: one compile per step. A slice or an index that falls within one piece of a pending
+# ``cat`` is recorded on that piece instead, so such a program takes the new token only.
+
+
+def _piece(x: LazyTensor, dim: int, start: int, stop: int):
+    """If ``x`` is a pending ``cat`` along ``dim`` (0 <= dim < rank) whose piece holds all of [start, stop):
+    that piece (a LazyTensor) and its offset; else None."""
+    n, _ = x._value
+    if n.op is not aten.cat.default or n.template[1]:
+        return None
+    args = n.template[0]
+    if (args[1] if len(args) > 1 else 0) % x.dim() != dim:
+        return None
+    offset = 0
+    for slot in args[0]:
+        value = n.inputs[slot.i]
+        aval = value[0].avals[value[1]]
+        if len(aval.shape) != x.dim() or aval.dtype != x.dtype:  # a skipped empty piece, or a promoted dtype
+            return None
+        size = aval.shape[dim]
+        if offset <= start and stop <= offset + size:
+            return LazyTensor(value, aval), offset
+        offset += size
+    return None
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    """``aten.slice_copy``: on the piece of a pending ``cat`` that holds the slice, if one does."""
+    if -x.dim() <= dim < x.dim() and step == 1:
+        d = dim % x.dim()
+        lo, hi, _ = slice(start, end).indices(x.shape[d])
+        found = _piece(x, d, lo, hi) if lo < hi else None
+        if found is not None:
+            piece, offset = found
+            if lo == offset and hi == offset + piece.shape[d]:
+                return piece
+            return _slice(piece, d, lo - offset, hi - offset)
+    return record(aten.slice_copy.Tensor, (x, dim, start, end, step), {})
+
+
+def _select(x, dim, index):
+    """``aten.select_copy``: on the piece of a pending ``cat`` that holds the index, if one does."""
+    if -x.dim() <= dim < x.dim():
+        d = dim % x.dim()
+        i = index + x.shape[d] if index < 0 else index
+        found = _piece(x, d, i, i + 1) if 0 <= i < x.shape[d] else None
+        if found is not None:
+            return _select(found[0], d, i - found[1])
+    return record(aten.select_copy.int, (x, dim, index), {})
+
+
 def _single_sample_loss(func, single):
     """PyTorch's CPU margin losses give a 0-d loss for one sample (``single(input, target)``) with
     reduction='none'; their meta kernels say shape (1,). The loss is recorded, then viewed as 0-d."""
@@ -215,6 +271,8 @@ SPECIAL = {
     aten._native_batch_norm_legit.default: _native_batch_norm_legit,
     aten._native_batch_norm_legit_functional.default: _native_batch_norm_legit_functional,
     aten.nonzero.default: _nonzero,
+    aten.slice_copy.Tensor: _slice,
+    aten.select_copy.int: _select,
     aten.copy.default: copy_into,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,

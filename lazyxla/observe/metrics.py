@@ -17,6 +17,7 @@ _BASE = (
     "persistent_cache_hits",
     "persistent_cache_misses",
     "executions",
+    "nodes_executed",
     "host_to_device",
     "device_to_host",
     "syncs",
@@ -58,7 +59,8 @@ def counters() -> dict[str, int]:
     """A snapshot of every counter.
 
     Always has ``compiles``, ``cache_hits``, ``persistent_cache_hits``, ``persistent_cache_misses``,
-    ``executions``, ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
+    ``executions``, ``nodes_executed`` (IR nodes in the programs run, summed: the size of the work each
+    sync sends), ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
     ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count), plus
     one ``fallback.<op>`` entry per op that ran on the CPU.
 

@@ -22,7 +22,11 @@ aten = torch.ops.aten
 
 
 def _attention(q, k, v, bias, is_causal, scale):
-    """Softmax(q k^T * scale + mask) v and the row log-sum-exp, in q's accumulate type."""
+    """Softmax(q k^T * scale + mask) v and the row log-sum-exp, in q's accumulate type.
+
+    A query that may attend to nothing (its row is all -inf: a padding position under a padding mask) gets
+    zeros and a zero gradient, as PyTorch's kernels and its math path (``_safe_softmax``) give, not NaN.
+    """
     q, k, v = acc(q), acc(k), acc(v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = jnp.einsum("...qd,...kd->...qk", q, k) * jnp.asarray(scale, q.dtype)
@@ -31,13 +35,11 @@ def _attention(q, k, v, bias, is_causal, scale):
         s = jnp.where(keep, s, -jnp.inf)
     if bias is not None:
         s = s + acc(bias).astype(s.dtype)
-    # A row whose every key is masked (-inf: a padding row of a batch) attends to nothing and gives 0, as
-    # PyTorch's kernels do, not NaN. Its log-sum-exp is taken over zeros instead, so that neither the value
-    # nor the gradient meets -inf - -inf.
-    empty = jnp.all(s == -jnp.inf, axis=-1, keepdims=True)
-    lse = jax.nn.logsumexp(jnp.where(empty, 0, s), axis=-1)
-    p = jnp.exp(s - lse[..., None])
-    return jnp.einsum("...qk,...kd->...qd", p, v), jnp.where(empty[..., 0], -jnp.inf, lse)
+    dead = jnp.all(s == -jnp.inf, axis=-1, keepdims=True)
+    s = jnp.where(dead, 0, s)  # finite in dead rows, so that neither the value nor the gradient is NaN there
+    lse = jax.nn.logsumexp(s, axis=-1)
+    p = jnp.where(dead, 0, jnp.exp(s - lse[..., None]))
+    return jnp.einsum("...qk,...kd->...qd", p, v), jnp.where(dead[..., 0], -jnp.inf, lse)
 
 
 @lowers(aten._scaled_dot_product_fused_attention_overrideable.default)

@@ -1,0 +1,268 @@
+"""Generation benchmark: Hugging Face ``generate()`` on lazyxla against eager PyTorch on the CPU.
+
+Usage: ``python -m benchmarks.generate [--quick] [--tokens N] [--json PATH] [--models gpt2,llama,t5]
+[--caches static,dynamic] [--policies needed,all] [--modes greedy,beam]``
+
+Each row runs in a fresh process (so its compile counts start from an empty cache; the persistent cache is
+off): one model built from a random config (nothing is downloaded), one KV cache (``cache_implementation=
+"static"`` or the default dynamic cache), one host-read policy (``lazyxla.config.host_read_computes``) and
+one decoding mode. The process generates with the same weights on the CPU (a warm-up call) and on lazyxla (a
+cold call), then ``--rounds`` rounds of one eager and one warm lazyxla call, interleaved so that the machine's
+load hits both alike; a logits processor notes, once per token, the time and lazyxla's counters. Per token it
+reports the compiles, the IR nodes executed and the milliseconds (a token's program runs at the host read
+that decides whether to stop, after the processor's call). Method and results:
+``docs/performance.md`` (generation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks.run: idle OpenMP workers sleep
+
+import torch  # noqa: E402  (after the OpenMP setting)
+import transformers as T  # noqa: E402
+
+import lazyxla  # noqa: E402
+from benchmarks import report as R  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = "GENERATE-RESULT "
+SIZES = {  # hidden size, layers, heads, vocabulary, prompt length
+    "tiny": (32, 2, 4, 64, 5),
+    "small": (128, 4, 4, 512, 8),
+}
+COUNTERS = ("compiles", "nodes_executed", "executions")
+
+
+def build(model: str, size: str) -> torch.nn.Module:
+    """A causal LM (``gpt2``, ``llama``) or seq2seq model (``t5``) from a random config, in eval mode."""
+    hidden, layers, heads, vocab, _ = SIZES[size]
+    torch.manual_seed(0)
+    if model == "gpt2":
+        cfg = T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=256)
+        return T.GPT2LMHeadModel(cfg).eval()
+    if model == "llama":
+        cfg = T.LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=256,
+        )  # fmt: skip
+        return T.LlamaForCausalLM(cfg).eval()
+    cfg = T.T5Config(
+        vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=2 * hidden, num_layers=layers, num_heads=heads,
+        dropout_rate=0.0, decoder_start_token_id=0, initializer_factor=3.0,  # the default: one token repeated
+    )  # fmt: skip
+    return T.T5ForConditionalGeneration(cfg).eval()
+
+
+MODES = {  # generate()'s arguments per decoding mode
+    "greedy": {"do_sample": False},
+    "sample": {"do_sample": True, "top_k": 1},  # top-k 1: the device RNG's draws give the CPU's tokens
+    "beam": {"num_beams": 2, "do_sample": False},
+    "greedy_no_eos": {"do_sample": False},  # without an end-of-sequence token (run_row drops the model's)
+}
+
+
+def generate_kwargs(cache: str, mode: str, tokens: int) -> dict[str, Any]:
+    """``generate()``'s arguments: ``tokens`` new tokens (no fewer), the decoding mode's, the cache's."""
+    kw: dict[str, Any] = {"max_new_tokens": tokens, "min_new_tokens": tokens, "pad_token_id": 0, **MODES[mode]}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    return kw
+
+
+class Probe(T.LogitsProcessor):
+    """Notes the time and lazyxla's counters each time generation asks for the next token's scores (returns
+    them unchanged: it records no op)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, dict[str, int]]] = []
+
+    def mark(self) -> None:
+        c = lazyxla.metrics.counters()
+        self.marks.append((time.perf_counter(), {k: c[k] for k in COUNTERS}))
+
+    def __call__(self, input_ids, scores):
+        self.mark()
+        return scores
+
+
+def timed_generate(model, prompt: torch.Tensor, kw: dict[str, Any]) -> dict[str, Any]:
+    """One ``generate()`` call with a ``Probe``: its tokens (on the CPU), and per token (the prefill's first)
+    the seconds and counter increments; ``setup`` is what ran before the first token's scores, ``read`` the
+    output's final read."""
+    probe = Probe()
+    probe.mark()
+    out = model.generate(prompt, logits_processor=T.LogitsProcessorList([probe]), **kw)
+    probe.mark()
+    tokens = out.cpu()
+    probe.mark()
+    marks = probe.marks
+
+    def delta(a, b):
+        return {"s": b[0] - a[0], **{k: b[1][k] - a[1][k] for k in COUNTERS}}
+
+    per_token = [delta(a, b) for a, b in zip(marks[1:-2], marks[2:-1])]
+    return {"tokens": tokens, "setup": delta(marks[0], marks[1]), "per_token": per_token, "read": delta(*marks[-2:])}
+
+
+def run_row(model_name: str, cache: str, policy: str, mode: str, tokens: int, size: str, rounds: int) -> dict:
+    """One row, in this process: an eager warm-up call, lazyxla's cold call, then ``rounds`` rounds of one eager
+    and one warm lazyxla call each (interleaved, so that the machine's load hits both alike)."""
+    model = build(model_name, size)
+    if mode == "greedy_no_eos":  # the per-token read then needs none of the token's work
+        model.generation_config.eos_token_id = None
+    prompt = torch.randint(3, SIZES[size][3], (2, SIZES[size][4]), generator=torch.Generator().manual_seed(1))
+    kw = generate_kwargs(cache, mode, tokens)
+    cpu_model = build(model_name, size)
+    cpu_model.generation_config = model.generation_config
+    timed_generate(cpu_model, prompt, kw)
+    dev = lazyxla.device()
+    model.to(dev)
+    lazyxla.config.host_read_computes = policy
+    lazyxla.metrics.reset()
+    cold = timed_generate(model, prompt.to(dev), kw)
+    eager, warm = [], []
+    for _ in range(rounds):
+        eager.append(timed_generate(cpu_model, prompt, kw))
+        warm.append(timed_generate(model, prompt.to(dev), kw))
+    fallbacks = sorted(k for k in lazyxla.metrics.counters() if k.startswith("fallback."))
+    equal = all(torch.equal(run["tokens"], eager[0]["tokens"]) for run in (cold, *warm))
+    return {
+        "model": model_name, "cache": cache, "policy": policy, "mode": mode, "tokens": tokens, "size": size,
+        "equal_to_cpu": equal, "fallbacks": fallbacks, "cold": _drop_tokens(cold),
+        "eager": [_drop_tokens(r) for r in eager], "warm": [_drop_tokens(r) for r in warm],
+    }  # fmt: skip
+
+
+def _drop_tokens(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run.items() if k != "tokens"}
+
+
+def _child(row: tuple[str, str, str, str], tokens: int, size: str, rounds: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.generate", "--row", ",".join(row), "--tokens", str(tokens)]
+    cmd += ["--size", size, "--rounds", str(rounds)]
+    env = dict(os.environ, LAZYXLA_PERSISTENT_CACHE="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER) :])
+    raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+
+
+def summarize(r: dict[str, Any]) -> dict[str, Any]:
+    """The table's numbers for one row: compiles (setup, per token, after token 3, final read), nodes per
+    token, the warm calls' compiles, and median ms per decode token."""
+    cold, warm, eager = r["cold"], r["warm"], r["eager"]
+    per_token = [t["compiles"] for t in cold["per_token"]]
+    nodes = [t["nodes_executed"] for t in cold["per_token"]]
+    lazy_ms, eager_ms = _decode_ms(warm), _decode_ms(eager)
+    return {
+        "setup_compiles": cold["setup"]["compiles"],
+        "compiles_per_token": per_token,
+        "compiles_after_token_3": sum(per_token[3:]),
+        "read_compiles": cold["read"]["compiles"],
+        "nodes_per_token": nodes,
+        "warm_compiles": sum(_total(run, "compiles") for run in warm),
+        "cold_s": _total(cold, "s"),
+        "lazyxla_ms_per_token": lazy_ms,
+        "eager_ms_per_token": eager_ms,
+        "ratio": R.ratio(lazy_ms, eager_ms),
+    }  # fmt: skip
+
+
+def _decode_ms(runs: list[dict[str, Any]]) -> float:
+    """Median milliseconds per decode token over ``runs`` (token 0 comes with the prefill: not counted)."""
+    return statistics.median(t["s"] for run in runs for t in run["per_token"][1:]) * 1e3
+
+
+def _total(run: dict[str, Any], key: str) -> float:
+    """``key`` summed over a whole call: before the first token, every token, and the output's read."""
+    return run["setup"][key] + sum(t[key] for t in run["per_token"]) + run["read"][key]
+
+
+def _shown(xs: list[int], first: int = 6) -> str:
+    return "[" + ", ".join(map(str, xs[:first])) + (", ..." if len(xs) > first else "") + "]"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The generation table: one line per row."""
+    lines = []
+    for r in rows:
+        s = r["summary"]
+        nodes = s["nodes_per_token"]
+        lines.append([
+            f"{r['model']} {r['cache']} {r['mode']}", r["policy"], str(s["setup_compiles"]),
+            _shown(s["compiles_per_token"]), str(s["compiles_after_token_3"]), str(s["read_compiles"]),
+            f"{min(nodes[1:], default=0)}–{max(nodes[1:], default=0)}", str(s["warm_compiles"]), R.fmt(s["cold_s"]),
+            R.fmt(s["lazyxla_ms_per_token"]), R.fmt(s["eager_ms_per_token"]), R.fmt(s["ratio"]),
+            "yes" if r["equal_to_cpu"] and not r["fallbacks"] else "NO",
+        ])  # fmt: skip
+    tokens, size = rows[0]["tokens"], rows[0]["size"]
+    return R.table(
+        f"generate(): {tokens} new tokens, batch 2, {size} models {SIZES[size]} (hidden, layers, heads, vocab, prompt)",
+        ["model cache mode", "reads compute", "setup", "compiles per token", "after tok 3", "final read",
+         "nodes/token", "2nd call", "cold s", "ms/tok lazyxla", "ms/tok eager", "x eager", "= CPU"],
+        lines,
+        ["setup: compiles before the first token (generate's own checks of the prompt); compiles per token: at "
+         "the host read after each token (token 0 with the prefill); final read: reading the output ids;",
+         "nodes/token: IR nodes executed per decode token, least and most; 2nd call: compiles of an "
+         "identical second call; ms/tok: median per decode token over the warm lazyxla calls and the eager ones;",
+         "= CPU: the same tokens as eager on the CPU and no CPU fallback"],
+    )  # fmt: skip
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny models, 6 tokens, static cache, greedy")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--size", choices=list(SIZES), default="small")
+    p.add_argument("--models", default="gpt2,llama,t5")
+    p.add_argument("--caches", default="static,dynamic")
+    p.add_argument("--policies", default="needed,all")
+    p.add_argument("--modes", default="greedy", help=f"of {', '.join(MODES)}")
+    p.add_argument("--rounds", type=int, default=3, help="timed calls per framework, interleaved")
+    p.add_argument("--json", default=os.path.join(ROOT, "build", "generate.json"))
+    p.add_argument("--row", help=argparse.SUPPRESS)  # a child process: model,cache,policy,mode
+    a = p.parse_args(argv)
+    if a.row:
+        print(MARKER + json.dumps(run_row(*a.row.split(","), a.tokens, a.size, a.rounds)), flush=True)
+        return
+    if a.quick:
+        a.tokens, a.size, a.caches, a.rounds = 6, "tiny", "static", 1
+    rows = []
+    for model in a.models.split(","):
+        for cache in a.caches.split(","):
+            for mode in a.modes.split(","):
+                for policy in a.policies.split(","):
+                    print(f"[generate] {model} {cache} {mode} reads compute {policy}", file=sys.stderr, flush=True)
+                    r = _child((model, cache, policy, mode), a.tokens, a.size, a.rounds)
+                    r["summary"] = summarize(r)
+                    rows.append(r)
+    print(table(rows))
+    print(f"  machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, transformers {T.__version__}")
+    R.write_json(a.json, {"rows": rows})
+
+
+if __name__ == "__main__":
+    main()
