@@ -86,7 +86,8 @@ def normal(*shape, grad=True, seed=0, dtype=torch.float32):
 
 def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=None):
     """``steps`` optimizer steps of ``loss_of(model, **batch)`` on ``device`` (zero_grad after step, a sync per step on
-    lazyxla, ``on_step()`` after each); the moved model and each step's loss."""
+    lazyxla, ``on_step()`` after each); the moved model and each step's loss. The batch's tensors move to ``device``;
+    its other values (``return_loss=True``) pass as they are."""
     model = model.to(device)
     opt = make_opt(model.parameters())
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

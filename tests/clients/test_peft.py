@@ -1,6 +1,7 @@
-"""PEFT, unmodified: a LoRA fine-tune of a tiny Llama trains on lazyxla as on CPU eager, and merges alike.
+"""PEFT, unmodified: LoRA fine-tunes of a tiny Llama and a tiny GPT-2 train on lazyxla as on CPU eager, and merge alike.
 
-``get_peft_model`` wraps ``q_proj`` and ``v_proj`` with rank-4 adapters and freezes everything else; 4 AdamW steps
+``get_peft_model`` wraps the attention projections (Llama's ``q_proj`` and ``v_proj``; GPT-2's ``c_attn``, a
+``Conv1D`` whose weight is stored transposed) with rank-4 adapters and freezes everything else; 4 AdamW steps
 over the trainable parameters (as HF Trainer builds its optimizer) are checked against CPU eager by the rule of
 tests/clients/agreement.py, the frozen base weights must come back bit-identical, and ``merge_and_unload()`` on
 lazyxla must give the weights and logits that it gives on the CPU from the same adapters.
@@ -9,6 +10,7 @@ lazyxla must give the weights and logits that it gives on the CPU from the same 
 from __future__ import annotations
 
 import peft
+import pytest
 import torch
 
 import lazyxla
@@ -16,7 +18,8 @@ from tests.clients.agreement import TOL, train_like_eager
 from tests.clients.architectures import build
 
 STEPS = 4
-TARGETS = ("q_proj", "v_proj")
+# architecture -> (the modules LoRA wraps, whether their weight is stored (in, out) as Conv1D's is)
+LORA = {"llama": (["q_proj", "v_proj"], False), "gpt2": (["c_attn"], True)}
 
 
 def _adamw(params):
@@ -27,14 +30,18 @@ def _loss(model, **batch):
     return model(**batch).loss
 
 
-def _lora_llama():
-    model, batch = build("llama")
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(TARGETS), lora_dropout=0.0, task_type="CAUSAL_LM")
+def _lora(name: str):
+    model, batch = build(name)
+    targets, transposed = LORA[name]
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, fan_in_fan_out=transposed, task_type="CAUSAL_LM"
+    )
     return peft.get_peft_model(model, config), batch
 
 
-def test_lora_fine_tune_trains_like_eager_and_merges_alike(dev):
-    model, batch = _lora_llama()
+@pytest.mark.parametrize("name", list(LORA))
+def test_lora_fine_tune_trains_like_eager_and_merges_alike(name, dev):
+    model, batch = _lora(name)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable), trainable
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
@@ -42,18 +49,18 @@ def test_lora_fine_tune_trains_like_eager_and_merges_alike(dev):
     result = train_like_eager(model, batch, _loss, _adamw, dev, STEPS)
 
     assert result["compiles"][1:] == [result["compiles"][1]] * (STEPS - 1), result["compiles"]
-    for name, p in model.named_parameters():
-        if name in frozen:
-            assert torch.equal(p.detach().cpu(), frozen[name]), f"{name}: a frozen weight changed"
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p.detach().cpu(), frozen[n]), f"{n}: a frozen weight changed"
     cpu = result["cpu_model"]  # the CPU copy holding the same trained adapters
     merged, cpu_merged = model.merge_and_unload(), cpu.merge_and_unload()
-    cpu_weights = dict(cpu_merged.named_parameters())
+    cpu_weights = {n: w.detach() for n, w in cpu_merged.named_parameters()}
     assert not any("lora_" in n for n in cpu_weights), "merge_and_unload left adapters"
-    for name, w in merged.named_parameters():
-        want = cpu_weights[name].detach()
-        torch.testing.assert_close(w.detach().cpu(), want, **TOL, msg=lambda m, n=name: f"{n}: {m}")
-    base_q = frozen["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
-    assert not torch.equal(cpu_weights["model.layers.0.self_attn.q_proj.weight"].detach(), base_q), "merged nothing"
+    for n, w in merged.named_parameters():
+        torch.testing.assert_close(w.detach().cpu(), cpu_weights[n], **TOL, msg=lambda m, n=n: f"{n}: {m}")
+    wrapped = {n.removeprefix("base_model.model.").replace(".base_layer", ""): w for n, w in frozen.items()}
+    bases = {n: w for n, w in wrapped.items() if n.endswith(tuple(f"{t}.weight" for t in LORA[name][0]))}
+    assert bases and all(not torch.equal(cpu_weights[n], w) for n, w in bases.items()), "an adapter merged nothing"
     logits = merged(input_ids=batch["input_ids"].to(dev)).logits
     torch.testing.assert_close(logits.detach().cpu(), cpu_merged(input_ids=batch["input_ids"]).logits.detach(), **TOL)
     assert not any(k.startswith("fallback.") for k in lazyxla.metrics.counters()), lazyxla.metrics.counters()
