@@ -77,7 +77,9 @@ def slot(i: int) -> In:
 
 
 class Node:
-    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "source", "seq", "__weakref__")
+    __slots__ = (
+        "op", "inputs", "template", "avals", "hash", "payload", "device", "source", "seq", "host", "__weakref__"
+    )  # fmt: skip
 
     def __init__(self, op, inputs, template, avals, hash_, payload, device):
         self.op = op  # an OpOverload, or a Leaf kind
@@ -91,6 +93,7 @@ class Node:
         # the buffer (a copy from the CPU at file:line, an output of graph <id>, ...), named in errors
         self.source = None
         self.seq = 0  # recording order (config.explain_recompiles only): what recompile explanations align by
+        self.host = None  # device data only: a CPU copy of a small integer value the host knows (lazy/known.py)
 
     @property
     def is_leaf(self) -> bool:

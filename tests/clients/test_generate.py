@@ -177,4 +177,5 @@ def test_generate_without_an_eos_token_computes_each_token(policy, dev):
     assert sum(compiles[3:-1]) == 0, compiles
     assert max(nodes[3:]) <= max(nodes[1:3]), nodes
     output_read = lazyxla.metrics.counters()["nodes_executed"] - probe.marks[-1][1]
-    assert output_read <= max(nodes), (output_read, nodes)  # the last token's work, not the generation's
+    # the last token's work and the output's own ops (a read computes one token late), not the generation's
+    assert output_read < 2 * max(nodes), (output_read, nodes)
