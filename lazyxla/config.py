@@ -121,6 +121,16 @@ FLAGS: tuple[Flag, ...] = (
         affects_compile=True,
     ),
     Flag(
+        "round_half_intermediates",
+        bool,
+        True,
+        "Round every bfloat16/float16 intermediate of a program to its dtype, as PyTorch does op by op (XLA's "
+        "xla_allow_excess_precision=false), so half-precision math gives eager PyTorch's numbers. False lets XLA "
+        "keep fused intermediates in float32: slightly faster on some accelerators, and results then differ "
+        "from eager in the last bits.",
+        affects_compile=True,
+    ),
+    Flag(
         "persistent_cache",
         bool,
         True,
