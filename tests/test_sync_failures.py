@@ -140,7 +140,7 @@ def test_a_compile_failure_runs_nothing_and_the_next_sync_runs_the_step(dev, mon
         def __init__(self, lowered) -> None:
             self.lowered = lowered
 
-        def compile(self):
+        def compile(self, compiler_options=None):  # jax.stages.Lowered.compile's signature
             monkeypatch.setattr(cache, "_lower", real_lower)  # once: e.g. the compiler ran out of memory
             raise RuntimeError("RESOURCE_EXHAUSTED: simulated compiler failure")
 

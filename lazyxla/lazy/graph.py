@@ -500,5 +500,5 @@ def wait_device_ops() -> None:
     """
     for t in live_tensors():
         n = t._value[0]
-        if n.op is Leaf.DATA and n.payload is not None:
-            n.payload.block_until_ready()
+        if n.op is Leaf.DATA and n.resident is not None:  # a known value not on the device has nothing to wait for
+            n.resident.block_until_ready()

@@ -34,7 +34,7 @@ import torch
 
 from lazyxla.config import config
 from lazyxla.device import devices
-from lazyxla.ir import Aval, Leaf, leaf
+from lazyxla.ir import Aval, Leaf, Node, leaf
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import diagnostics, metrics
 
@@ -83,15 +83,30 @@ def knowable(t: torch.Tensor) -> bool:
 
 def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
     """A bare LazyTensor on lazyxla device ``device`` holding a copy of the CPU tensor ``t``; a knowable value
-    is kept on the host too (``t`` itself: the caller gives a tensor nobody else writes to)."""
+    is kept on the host (``t`` itself: the caller gives a tensor nobody else writes to) and put on the device
+    only when a program first takes it (``Node.payload``)."""
     aval = Aval(tuple(t.shape), t.dtype)
-    with metrics.timer("transfer"):
-        arr = devices.to_device(t, device)
-    n = leaf(Leaf.DATA, arr, aval, device)
-    n.source = source
     if knowable(t):
+        n = leaf(Leaf.DATA, None, aval, device)
         n.host = t
+    else:
+        n = leaf(Leaf.DATA, _to_device(t, device), aval, device)
+    n.source = source
     return LazyTensor((n, 0), aval)
+
+
+def _to_device(t: torch.Tensor, device: int):
+    with metrics.timer("transfer"):
+        return devices.to_device(t, device)
+
+
+def _upload_known(n) -> object:
+    """``Node.upload``: the device array of a known value, made when a program first takes it."""
+    metrics.inc("known_uploads")
+    return _to_device(n.host, n.device)
+
+
+Node.upload = _upload_known
 
 
 def _foldable(func) -> bool:
@@ -150,9 +165,38 @@ def _on_meta(x):
     return x
 
 
+def _key(x):
+    """A hashable stand-in for an argument as the meta kernel sees it (a tensor by shape and dtype)."""
+    if type(x) is LazyTensor:
+        return (x._aval,)
+    if type(x) is list or type(x) is tuple:
+        return tuple(_key(e) for e in x)
+    return (type(x), x)
+
+
+_results: dict = {}  # (id(op), its arguments' keys) -> whether its outputs are small integer tensors
+_RESULTS_LIMIT = 100_000
+
+
 def _small_result(func, args, kwargs, has_inputs: bool) -> bool:
-    """Whether ``func``'s outputs are small integer or bool tensors, asked of its meta kernel before the CPU
-    computes anything (``torch.arange(10**9, device=dev)`` and ``known.repeat(10**4)`` would be large)."""
+    """Whether ``func``'s outputs are small integer or bool tensors, asked of its meta kernel (memoized by the
+    arguments' shapes and values) before the CPU computes anything (``torch.arange(10**9, device=dev)`` and
+    ``known.repeat(10**4)`` would be large)."""
+    try:
+        key = (id(func), _key(args), _key(tuple(sorted(kwargs.items()))))
+        found = _results.get(key)
+    except TypeError:  # an unhashable argument: ask the meta kernel every time
+        key = found = None
+    if found is None:
+        found = _ask_meta(func, args, kwargs, has_inputs)
+        if key is not None:
+            if len(_results) >= _RESULTS_LIMIT:
+                _results.clear()
+            _results[key] = found
+    return found
+
+
+def _ask_meta(func, args, kwargs, has_inputs: bool) -> bool:
     try:
         out = func(*_on_meta(args), **{k: _on_meta(v) for k, v in kwargs.items()})
     except Exception:  # no meta kernel, or a shape that depends on the data

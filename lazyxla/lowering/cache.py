@@ -216,7 +216,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
             with metrics.timer("lower"):
                 lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
             with metrics.timer("compile"):
-                executable = lowered.compile(_compiler_options())
+                executable = lowered.compile(compiler_options=_compiler_options())
         if name is not None:
             metrics.inc("persistent_cache_misses")
             with metrics.timer("disk_cache"):
