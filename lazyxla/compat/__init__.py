@@ -40,15 +40,17 @@ import sys
 import jax
 
 from lazyxla.config import config, foreign_env
+from lazyxla.device.devices import DEVICE_NAMES
 from lazyxla.device.processes import _backend_started
 
-__all__ = ["PATH_DIR", "install", "installed", "real_torch_xla", "uninstall"]
+__all__ = ["PATH_DIR", "device_name", "install", "installed", "real_torch_xla", "uninstall"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PATH_DIR = os.path.join(_HERE, "_path")
 """The folder whose ``torch_xla`` bootstrap package lets child processes import the layer."""
 
 _PREFIX = "lazyxla.compat."
+_RUN_MODULE = "lazyxla.run"
 _state: dict = {"finder": None, "env_applied": False}
 
 
@@ -128,6 +130,47 @@ def real_torch_xla() -> str | None:
                 continue  # a namespace package made of lazyxla's own folders
             return spec.origin or (locations[0] if locations else "torch_xla")
     return None
+
+
+def _started_by_run() -> bool:
+    """Whether this interpreter runs ``python [options] -m lazyxla.run ...`` and is importing lazyxla on the way.
+
+    While ``-m`` imports the module's package, ``sys.argv`` is ``["-m", *script_args]`` and ``sys.orig_argv``
+    ends with the module's name (``lazyxla.run``, or glued: ``-mlazyxla.run``) followed by those arguments.
+    """
+    if sys.argv[:1] != ["-m"] or len(sys.orig_argv) <= len(sys.argv):
+        return False
+    token = sys.orig_argv[-len(sys.argv)]
+    return token == _RUN_MODULE or (token.startswith("-") and token.endswith("m" + _RUN_MODULE))
+
+
+def device_name() -> str:
+    """The name lazyxla's device takes in this process (decided once, when lazyxla is imported): ``"xla"`` when
+    ``lazyxla.config.device_name`` (``LAZYXLA_DEVICE_NAME``) says so or the process runs ``python -m lazyxla.run``,
+    else ``"lazyxla"``. A real torch_xla owns ``"xla"``: with one importable the device stays ``"lazyxla"``
+    (and an explicit ``LAZYXLA_DEVICE_NAME=xla`` raises).
+
+    PyTorch names its PrivateUse1 device once per process, so a later ``install()`` cannot rename it: code that
+    says ``torch.device("xla")`` runs where the name was chosen before ``import lazyxla``.
+
+    Example::
+
+        $ python -m lazyxla.run -c 'import torch; print(torch.zeros(1, device="xla").device)'   # xla:0
+    """
+    name = config.device_name
+    if name not in DEVICE_NAMES:
+        raise ValueError(f"LAZYXLA_DEVICE_NAME={name!r}: lazyxla's device can be named 'lazyxla' or 'xla'")
+    if name == "lazyxla" and not _started_by_run():
+        return name
+    real = real_torch_xla()
+    if real is None:
+        return "xla"
+    if name == "xla":
+        raise RuntimeError(
+            f"LAZYXLA_DEVICE_NAME=xla: a real torch_xla is installed ({real}) and owns PyTorch's 'xla' device; "
+            "unset LAZYXLA_DEVICE_NAME (lazyxla's device is then 'lazyxla')"
+        )
+    return "lazyxla"
 
 
 def installed() -> bool:
