@@ -165,6 +165,18 @@ PRIVATEUSE1 = _C._autograd.DeviceType.PrivateUse1
 privateuse1_backend_name = _C._get_privateuse1_backend_name
 
 
+def storage_id(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage, shared by every view of it. A lazyxla tensor's storage is
+    functionalization's (views of one base share it) and has no data pointer, so its C++ object stands for one
+    (torch_xla's tensor id, which transformers reads in place of a storage pointer).
+
+    Example::
+
+        assert storage_id(w.detach()) == storage_id(w.t())
+    """
+    return t.untyped_storage()._cdata
+
+
 # PyTorch's C++ hooks of the PrivateUse1 backend (availability), which a Python backend subclasses
 PrivateUse1Hooks = _C._acc.PrivateUse1Hooks
 

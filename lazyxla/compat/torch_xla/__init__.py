@@ -181,7 +181,7 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method)
 
 
-from lazyxla.compat.torch_xla import runtime  # noqa: E402
+from lazyxla.compat.torch_xla import _XLAC, runtime  # noqa: E402, F401  (_XLAC: torch_xla imports it too)
 from lazyxla.compat.torch_xla.core import xla_model as xm  # noqa: E402
 from lazyxla.compat.torch_xla.distributed import xla_multiprocessing as xmp  # noqa: E402
 
