@@ -414,6 +414,10 @@ def install() -> None:
     for name, fn in kernels().items():
         ops.impl(name.removeprefix("aten::"), fn, KEY)
     _library = (fallthrough, ops)
+    if devices.torch_name() == "xla":
+        # torch.autocast("xla") without a dtype: bfloat16, PyTorch's default for its own XLA device type (PrivateUse1's
+        # is float16). PyTorch keeps the default per thread: this sets it for the thread that imported lazyxla.
+        torch.set_autocast_dtype("xla", torch.bfloat16)
 
 
 __all__ = ["BANNED", "FP32", "FP32_APPEND_DTYPE", "FP32_SET_OPT_DTYPE", "LOWER_PRECISION_FP", "PROMOTE"]
