@@ -16,6 +16,10 @@ How ``install`` works:
   ``multiprocessing`` (``xmp.spawn``'s replicas, DataLoader workers under the spawn or forkserver start
   methods) receive the parent's ``sys.path`` and re-import the script before anything else runs: there,
   ``import torch_xla`` finds the bootstrap package, which installs the finder in that process too;
+* the device's name is not ``install``'s to choose: PyTorch names its device once per process, when
+  ``import lazyxla`` registers it, which asks :func:`device_name`: ``xla`` under ``python -m lazyxla.run`` or
+  with ``LAZYXLA_DEVICE_NAME=xla`` (so ``torch.device("xla")`` and ``t.device.type == "xla"`` mean lazyxla's
+  device), else ``lazyxla``;
 * torch_xla's PJRT variables are read once: ``PJRT_DEVICE`` (``CPU``, ``CUDA``/``GPU``, ``TPU``) selects
   jax's platform unless ``JAX_PLATFORMS`` is set, and ``CPU_NUM_DEVICES`` gives the process that many CPU
   devices (``lazyxla.config.cpu_devices``) unless that is set, as torch_xla's CPU client does.
@@ -25,7 +29,7 @@ Example::
     import lazyxla.compat
     if lazyxla.compat.install():
         import torch_xla.core.xla_model as xm      # lazyxla.compat.torch_xla.core.xla_model
-        dev = xm.xla_device()                      # torch.device('lazyxla', 0)
+        dev = xm.xla_device()          # torch.device('lazyxla', 0): the name chosen at `import lazyxla`
 """
 
 from __future__ import annotations
@@ -213,7 +217,7 @@ def install() -> bool:
         lazyxla.compat.install()
         import torch_xla
         import torch_xla.core.xla_model as xm
-        print(xm.xla_device())            # lazyxla:0
+        print(xm.xla_device())            # lazyxla:0 here; xla:0 under python -m lazyxla.run
     """
     if _state["finder"] is not None:
         return True
