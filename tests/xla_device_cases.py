@@ -271,6 +271,24 @@ def test_training_on_xla_equals_cpu_eager_and_compiles_once():
     assert compiles[2:] == [compiles[2]] * 3, f"steps 3-5 compiled again: {compiles}"
 
 
+def test_torch_compile_and_export_on_the_xla_device():
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model.load_state_dict(cpu.state_dict())
+    model.to("xla")
+    x = torch.randn(4, 8)
+    out = torch.compile(model, backend="lazyxla")(x.to("xla"))
+    out.sum().backward()
+    cpu(x).sum().backward()
+    assert_same(out, cpu(x))
+    assert_same(model[0].weight.grad, cpu[0].weight.grad)
+    state = torch.xla.get_rng_state()  # the device module is torch.<name>
+    exported = lazyxla.export(lambda v: model(v) + torch.rand(2, device="xla"), (x,))
+    assert torch.equal(torch.xla.get_rng_state(), state), "exporting draws no numbers from the device's stream"
+    assert exported is not None
+
+
 # ---- transformers and accelerate --------------------------------------------------------------------------------
 
 

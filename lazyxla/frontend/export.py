@@ -39,7 +39,7 @@ from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device, torch_device
 from lazyxla.ir import Leaf, raise_if_error
-from lazyxla.lazy import graph
+from lazyxla.lazy import graph, rng
 from lazyxla.lazy.tensor import LazyTensor, unwrap
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import diagnostics
@@ -196,7 +196,7 @@ def export(
     held = [g for _, g in grads if g is not None]
     grad_values = [unwrap(g)._value for g in held]
     opt_keys = {id(o): {id(p) for p in o.state} for o in optimizers}
-    rng_state = torch.lazyxla.get_rng_state()
+    rng_state = rng.get_state()
     region = diagnostics.Region("lazyxla.export", full_graph=True, max_graphs=None)
     region.what = f"lazyxla.export({getattr(fn, '__qualname__', type(fn).__name__)})"
     region.inside = "the exported function: an exported program cannot stop to run on the host"
@@ -217,7 +217,7 @@ def export(
             _set_value(g, v)
         for p, g in grads:
             p.grad = g
-        torch.lazyxla.set_rng_state(rng_state)
+        rng.set_state(rng_state)
     if new_entries:
         raise ExportError(
             f"lazyxla.export: the optimizer created its state during the exported call ({new_entries}): the "
