@@ -16,6 +16,7 @@ import importlib
 
 import torch
 
+from lazyxla import compat as _compat
 from lazyxla import (  # noqa: F401  (the public submodules, and lowering fills the rule table)
     debug,
     dynamo,  # the torch.compile backend "lazyxla" (registered when torch._dynamo loads)
@@ -48,7 +49,7 @@ from lazyxla.parallel.training import load, optimizer_step, reduce_gradients, sa
 
 __version__ = "0.1.0"
 
-_kernels.install()
+_kernels.install(_compat.device_name())  # "lazyxla", or "xla" for torch_xla's code (python -m lazyxla.run)
 _process_group.register()
 
 
@@ -57,12 +58,12 @@ def device(index: int | None = None) -> torch.device:
 
     Example::
 
-        dev = lazyxla.device()          # torch.device('lazyxla', 0)
+        dev = lazyxla.device()          # torch.device('lazyxla', 0) ('xla:0' under python -m lazyxla.run)
         model.to(dev)
     """
     i = 0 if index is None else int(index)
     _devices.jax_device(i)
-    return torch.device("lazyxla", i)
+    return _devices.torch_device(i)
 
 
 def devices() -> list[torch.device]:
@@ -72,7 +73,7 @@ def devices() -> list[torch.device]:
 
         for d in lazyxla.devices(): print(d)
     """
-    return [torch.device("lazyxla", i) for i in range(len(_devices.local_devices()))]
+    return [_devices.torch_device(i) for i in range(len(_devices.local_devices()))]
 
 
 def mark_step(wait: bool = False) -> SyncReport:

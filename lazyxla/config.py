@@ -190,6 +190,14 @@ FLAGS: tuple[Flag, ...] = (
         "devices let sharded programs run on one machine.",
     ),
     Flag(
+        "device_name",
+        str,
+        "lazyxla",
+        "The name PyTorch knows lazyxla's device by: 'lazyxla', or 'xla' (torch_xla's, so that code written for "
+        "torch_xla can say torch.device('xla'), .to('xla'), t.device.type == 'xla'). Read once, when lazyxla is "
+        "imported: set LAZYXLA_DEVICE_NAME before. `python -m lazyxla.run` chooses 'xla' (for its children too).",
+    ),
+    Flag(
         "cluster_detection",
         bool,
         False,

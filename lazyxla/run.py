@@ -24,8 +24,10 @@ import runpy
 import sys
 
 from lazyxla import compat
-from lazyxla.config import foreign_env
+from lazyxla.config import FLAGS, foreign_env
+from lazyxla.device import devices
 
+_DEVICE_NAME_VARIABLE = next(f.env for f in FLAGS if f.name == "device_name")  # LAZYXLA_DEVICE_NAME
 USAGE = "usage: python -m lazyxla.run script.py [args ...]\n       python -m lazyxla.run -m module [args ...]"
 
 
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         _put_script_folder_first(script, replace_cwd=command)
 
     if compat.install():
+        os.environ[_DEVICE_NAME_VARIABLE] = devices.torch_name()  # children name the device as this process does
         _export_path(compat.PATH_DIR)
         # the bootstrap package imports lazyxla: children must find it even if this process found it in its cwd
         _export_path(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(compat.__file__)))))

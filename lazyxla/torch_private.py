@@ -48,7 +48,6 @@ import torch._tensor_str  # noqa: E402
 import torch.autograd.graph  # noqa: E402
 import torch.utils._pytree  # noqa: E402
 from torch._subclasses import fake_tensor, meta_utils  # noqa: E402
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend  # noqa: E402
 
 _C = torch._C
 
@@ -166,10 +165,34 @@ PRIVATEUSE1 = _C._autograd.DeviceType.PrivateUse1
 privateuse1_backend_name = _C._get_privateuse1_backend_name
 
 
-def setup_python_backend(name: str, backend_module, device_guard) -> None:
-    """Rename PrivateUse1 to ``name`` and install ``backend_module`` as ``torch.<name>`` and ``device_guard``
-    as its device guard (PyTorch's set-up for a backend written in Python)."""
-    _setup_privateuseone_for_python_backend(name, backend_module=backend_module, device_guard=device_guard)
+def storage_id(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage, shared by every view of it. A lazyxla tensor's storage is
+    functionalization's (views of one base share it) and has no data pointer, so its C++ object stands for one
+    (torch_xla's tensor id, which transformers reads in place of a storage pointer).
+
+    Example::
+
+        assert storage_id(w.detach()) == storage_id(w.t())
+    """
+    return t.untyped_storage()._cdata
+
+
+# PyTorch's C++ hooks of the PrivateUse1 backend (availability), which a Python backend subclasses
+PrivateUse1Hooks = _C._acc.PrivateUse1Hooks
+
+
+def setup_python_backend(name: str, backend_module, device_guard, hooks) -> None:
+    """Rename PrivateUse1 to ``name`` and install ``backend_module`` as ``torch.<name>``, ``device_guard`` as its
+    device guard and ``hooks`` as its C++ hooks: PyTorch's set-up for a backend written in Python
+    (``_setup_privateuseone_for_python_backend``), step by step, because its generator of ``Tensor`` methods
+    refuses a name whose ``Tensor.is_<name>`` PyTorch defines itself (``is_xla``): such a name gets no generated
+    methods (``Tensor.is_xla`` stays PyTorch's; torch_xla has no ``Tensor.xla()`` or ``Module.xla()`` either)."""
+    torch.utils.rename_privateuse1_backend(name)
+    if not hasattr(torch.Tensor, f"is_{name}"):
+        torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module(name, backend_module)
+    _C._acc.register_python_privateuseone_hook(hooks)
+    _C._acc.register_python_privateuseone_device_guard(device_guard)
 
 
 def wrap_engine_run_backward(wrap: Callable[[Callable], Callable]) -> None:

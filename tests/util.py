@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import lazyxla
+from lazyxla.device.devices import on_device
 
 
 def to_dev(x, dev=None):
@@ -36,7 +37,7 @@ def assert_same(actual, expected, rtol=1e-5, atol=1e-5, check_dtype=True):
     """Compare lazyxla results (moved to CPU) with CPU eager results: values, shapes and dtypes."""
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
-        assert actual.device.type == "lazyxla", f"output lives on {actual.device}, not on lazyxla"
+        assert on_device(actual), f"output lives on {actual.device}, not on lazyxla"
         torch.testing.assert_close(to_cpu(actual), expected, rtol=rtol, atol=atol, check_dtype=check_dtype)
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected)
@@ -97,7 +98,7 @@ def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=No
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device.type == "lazyxla":
+        if on_device(device):
             lazyxla.sync()
         losses.append(loss.detach())
         if on_step is not None:

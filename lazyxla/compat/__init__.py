@@ -16,6 +16,10 @@ How ``install`` works:
   ``multiprocessing`` (``xmp.spawn``'s replicas, DataLoader workers under the spawn or forkserver start
   methods) receive the parent's ``sys.path`` and re-import the script before anything else runs: there,
   ``import torch_xla`` finds the bootstrap package, which installs the finder in that process too;
+* the device's name is not ``install``'s to choose: PyTorch names its device once per process, when
+  ``import lazyxla`` registers it, which asks :func:`device_name`: ``xla`` under ``python -m lazyxla.run`` or
+  with ``LAZYXLA_DEVICE_NAME=xla`` (so ``torch.device("xla")`` and ``t.device.type == "xla"`` mean lazyxla's
+  device), else ``lazyxla``;
 * torch_xla's PJRT variables are read once: ``PJRT_DEVICE`` (``CPU``, ``CUDA``/``GPU``, ``TPU``) selects
   jax's platform unless ``JAX_PLATFORMS`` is set, and ``CPU_NUM_DEVICES`` gives the process that many CPU
   devices (``lazyxla.config.cpu_devices``) unless that is set, as torch_xla's CPU client does.
@@ -25,7 +29,7 @@ Example::
     import lazyxla.compat
     if lazyxla.compat.install():
         import torch_xla.core.xla_model as xm      # lazyxla.compat.torch_xla.core.xla_model
-        dev = xm.xla_device()                      # torch.device('lazyxla', 0)
+        dev = xm.xla_device()          # torch.device('lazyxla', 0): the name chosen at `import lazyxla`
 """
 
 from __future__ import annotations
@@ -40,15 +44,17 @@ import sys
 import jax
 
 from lazyxla.config import config, foreign_env
+from lazyxla.device.devices import DEVICE_NAMES
 from lazyxla.device.processes import _backend_started
 
-__all__ = ["PATH_DIR", "install", "installed", "real_torch_xla", "uninstall"]
+__all__ = ["PATH_DIR", "device_name", "install", "installed", "real_torch_xla", "uninstall"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PATH_DIR = os.path.join(_HERE, "_path")
 """The folder whose ``torch_xla`` bootstrap package lets child processes import the layer."""
 
 _PREFIX = "lazyxla.compat."
+_RUN_MODULE = "lazyxla.run"
 _state: dict = {"finder": None, "env_applied": False}
 
 
@@ -130,6 +136,47 @@ def real_torch_xla() -> str | None:
     return None
 
 
+def _started_by_run() -> bool:
+    """Whether this interpreter runs ``python [options] -m lazyxla.run ...`` and is importing lazyxla on the way.
+
+    While ``-m`` imports the module's package, ``sys.argv`` is ``["-m", *script_args]`` and ``sys.orig_argv``
+    ends with the module's name (``lazyxla.run``, or glued: ``-mlazyxla.run``) followed by those arguments.
+    """
+    if sys.argv[:1] != ["-m"] or len(sys.orig_argv) <= len(sys.argv):
+        return False
+    token = sys.orig_argv[-len(sys.argv)]
+    return token == _RUN_MODULE or (token.startswith("-") and token.endswith("m" + _RUN_MODULE))
+
+
+def device_name() -> str:
+    """The name lazyxla's device takes in this process (decided once, when lazyxla is imported): ``"xla"`` when
+    ``lazyxla.config.device_name`` (``LAZYXLA_DEVICE_NAME``) says so or the process runs ``python -m lazyxla.run``,
+    else ``"lazyxla"``. A real torch_xla owns ``"xla"``: with one importable the device stays ``"lazyxla"``
+    (and an explicit ``LAZYXLA_DEVICE_NAME=xla`` raises).
+
+    PyTorch names its PrivateUse1 device once per process, so a later ``install()`` cannot rename it: code that
+    says ``torch.device("xla")`` runs where the name was chosen before ``import lazyxla``.
+
+    Example::
+
+        $ python -m lazyxla.run -c 'import torch; print(torch.zeros(1, device="xla").device)'   # xla:0
+    """
+    name = config.device_name
+    if name not in DEVICE_NAMES:
+        raise ValueError(f"LAZYXLA_DEVICE_NAME={name!r}: lazyxla's device can be named 'lazyxla' or 'xla'")
+    if name == "lazyxla" and not _started_by_run():
+        return name
+    real = real_torch_xla()
+    if real is None:
+        return "xla"
+    if name == "xla":
+        raise RuntimeError(
+            f"LAZYXLA_DEVICE_NAME=xla: a real torch_xla is installed ({real}) and owns PyTorch's 'xla' device; "
+            "unset LAZYXLA_DEVICE_NAME (lazyxla's device is then 'lazyxla')"
+        )
+    return "lazyxla"
+
+
 def installed() -> bool:
     """Whether :func:`install` is in effect in this process.
 
@@ -170,7 +217,7 @@ def install() -> bool:
         lazyxla.compat.install()
         import torch_xla
         import torch_xla.core.xla_model as xm
-        print(xm.xla_device())            # lazyxla:0
+        print(xm.xla_device())            # lazyxla:0 here; xla:0 under python -m lazyxla.run
     """
     if _state["finder"] is not None:
         return True

@@ -18,6 +18,49 @@ from lazyxla.device import processes
 x64 = functools.partial(jax.enable_x64, True)
 
 
+# ---- the device's name in PyTorch ----
+#
+# lazyxla's device is PyTorch's PrivateUse1 device, renamed when lazyxla registers it: "lazyxla", or "xla" in a
+# process that runs code written for torch_xla (``python -m lazyxla.run``, ``LAZYXLA_DEVICE_NAME=xla``), where
+# ``torch.device("xla")``, ``"xla:1"`` and ``t.device.type == "xla"`` then mean lazyxla's device. PyTorch takes the
+# name once per process, so it is fixed before any lazyxla tensor exists; every check of "is this tensor on the
+# device" reads it here.
+DEVICE_NAMES = ("lazyxla", "xla")
+_name = ["lazyxla"]
+_torch_devices: list[torch.device] = []  # torch.device(name, i), made once per index
+
+
+def set_torch_name(name: str) -> None:
+    """Name the device ``name`` (one of ``DEVICE_NAMES``): ``frontend.registration`` calls it once, before it
+    renames PyTorch's PrivateUse1 device."""
+    if name not in DEVICE_NAMES:
+        raise ValueError(f"lazyxla's device can be named {' or '.join(map(repr, DEVICE_NAMES))}, not {name!r}")
+    _name[0] = name
+    _torch_devices.clear()
+
+
+def torch_name() -> str:
+    """The device type PyTorch knows lazyxla's device by in this process: ``"lazyxla"`` or ``"xla"``.
+
+    Example::
+
+        on_device = t.device.type == torch_name()
+    """
+    return _name[0]
+
+
+def torch_device(index: int) -> torch.device:
+    """``torch.device(torch_name(), index)``, made once per index (LazyTensors are made per op)."""
+    while len(_torch_devices) <= index:
+        _torch_devices.append(torch.device(_name[0], len(_torch_devices)))
+    return _torch_devices[index]
+
+
+def on_device(t) -> bool:
+    """Whether ``t`` (a tensor or a ``torch.device``) is on lazyxla's device."""
+    return (t.type if isinstance(t, torch.device) else t.device.type) == _name[0]
+
+
 _spmd = [False]  # SPMD mode (lazyxla.spmd.enable): the lazyxla device stands for every device of the run
 
 
@@ -77,7 +120,7 @@ def jax_device(index: int | None) -> jax.Device:
     i = 0 if index is None else index
     if not 0 <= i < len(devs):
         raise RuntimeError(
-            f"lazyxla:{i} does not exist: this process has {len(devs)} lazyxla device(s) "
+            f"{_name[0]}:{i} does not exist: this process has {len(devs)} lazyxla device(s) "
             f"(jax platform {devs[0].platform!r}); use an index in 0..{len(devs) - 1}"
         )
     return devs[i]

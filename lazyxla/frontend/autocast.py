@@ -37,8 +37,9 @@ import functools
 import torch
 
 from lazyxla import torch_private
+from lazyxla.device import devices
+from lazyxla.device.devices import on_device
 
-DEVICE = "lazyxla"
 KEY = "AutocastPrivateUse1"
 
 aten = torch.ops.aten
@@ -199,7 +200,7 @@ PROMOTE = (
 BANNED = ("binary_cross_entropy",)
 
 _BANNED_MESSAGE = (
-    "torch.nn.functional.binary_cross_entropy (torch.nn.BCELoss) is refused inside torch.autocast('lazyxla'): "
+    "torch.nn.functional.binary_cross_entropy (torch.nn.BCELoss) is refused inside a device autocast region: "
     "a lower-precision probability loses too much accuracy near 0 and 1. Feed the logits to "
     "torch.nn.functional.binary_cross_entropy_with_logits (torch.nn.BCEWithLogitsLoss) instead, which autocast "
     "runs in float32; or compute the loss outside the autocast region."
@@ -243,12 +244,7 @@ def unlisted() -> tuple[str, ...]:
 
 def _eligible(x) -> bool:
     """A tensor autocast may cast: on lazyxla, floating point, not float64 (as PyTorch's ``is_eligible``)."""
-    return (
-        isinstance(x, torch.Tensor)
-        and x.device.type == DEVICE
-        and x.is_floating_point()
-        and x.dtype is not torch.float64
-    )
+    return isinstance(x, torch.Tensor) and on_device(x) and x.is_floating_point() and x.dtype is not torch.float64
 
 
 def _cast(x, dtype: torch.dtype):
@@ -279,7 +275,7 @@ def _lower_precision_fp(op):
     def kernel(*args, **kwargs):
         with _exclude(_EXCLUDE):
             if not _below_functionalization():
-                args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype(DEVICE))
+                args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype(devices.torch_name()))
             return op(*args, **kwargs)
 
     return kernel
@@ -330,7 +326,7 @@ def _promote(op):
     def kernel(*args, **kwargs):
         with _exclude(_EXCLUDE):
             if not _below_functionalization():
-                lower = torch.get_autocast_dtype(DEVICE)
+                lower = torch.get_autocast_dtype(devices.torch_name())
                 dtype = _widest((args, tuple(kwargs.values())), lower, lower)
                 args, kwargs = _cast_all(args, kwargs, dtype)
             return op(*args, **kwargs)
@@ -418,6 +414,10 @@ def install() -> None:
     for name, fn in kernels().items():
         ops.impl(name.removeprefix("aten::"), fn, KEY)
     _library = (fallthrough, ops)
+    if devices.torch_name() == "xla":
+        # torch.autocast("xla") without a dtype: bfloat16, PyTorch's default for its own XLA device type (PrivateUse1's
+        # is float16). PyTorch keeps the default per thread: this sets it for the thread that imported lazyxla.
+        torch.set_autocast_dtype("xla", torch.bfloat16)
 
 
 __all__ = ["BANNED", "FP32", "FP32_APPEND_DTYPE", "FP32_SET_OPT_DTYPE", "LOWER_PRECISION_FP", "PROMOTE"]

@@ -68,6 +68,8 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.config import config
+from lazyxla.device import devices
+from lazyxla.device.devices import on_device
 from lazyxla.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
 from lazyxla.lazy import rng
 from lazyxla.lazy.graph import plan_values
@@ -81,7 +83,7 @@ from lazyxla.observe import diagnostics, metrics
 from lazyxla.ops import COLLECTIVE_OPS
 from lazyxla.util import warn_once
 
-BACKEND = "lazyxla"
+BACKEND = "lazyxla"  # the backend's name in torch.compile (the device may be named "xla": devices.torch_name)
 
 # ---- fakification of lazyxla tensors --------------------------------------------------------------------
 
@@ -102,11 +104,11 @@ def _install_fakification() -> None:
     is_functional = torch_private.is_functional
 
     def not_functional_here(t) -> bool:
-        return is_functional(t) and t.device.type != BACKEND
+        return is_functional(t) and not on_device(t)
 
     @functools.wraps(original)
     def describe_tensor(self, t, *, recurse=True, trace=False):
-        if t.device.type != BACKEND or not is_functional(t):
+        if not on_device(t) or not is_functional(t):
             return original(self, t, recurse=recurse, trace=trace)
         # described by its own metadata (views included: their base is described the same way)
         with torch_private.is_functional_replaced(not_functional_here):
@@ -178,7 +180,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
         if not isinstance(o, torch.Tensor):
             outputs.append(("const", o))
             continue
-        if o.device.type != BACKEND:
+        if not on_device(o):
             raise _NotOneOp(f"an output is on {o.device}")
         value = unwrap(o)._value
         if id(value[0]) in placeholders:
@@ -269,7 +271,7 @@ def _lazy_input(t):
     if type(t) is LazyTensor or type(t) in _NUMBERS:
         return t
     if isinstance(t, torch.Tensor):
-        if t.device.type == BACKEND and torch_private.is_functional(t):
+        if on_device(t) and torch_private.is_functional(t):
             torch_private.functional_sync(t)
             inner = torch_private.from_functional(t)
             if type(inner) is LazyTensor:
@@ -314,7 +316,7 @@ class CompiledGraph:
             val = n.meta.get("val")
             vals = val if isinstance(val, (list, tuple)) else [val]
             for v in vals:
-                if isinstance(v, torch.Tensor) and v.device.type != BACKEND and (v.dim() or n.op == "output"):
+                if isinstance(v, torch.Tensor) and not on_device(v) and (v.dim() or n.op == "output"):
                     return f"{n.format_node()} makes a tensor on {v.device}"
             if n.op == "call_function" and n.target in COLLECTIVE_OPS:
                 return f"{n.format_node()} is a replica collective"
@@ -436,10 +438,11 @@ def _warn_once(key: str, message: str) -> None:
 
 def _uses_autocast(gm: torch.fx.GraphModule) -> bool:
     """Whether autocast for lazyxla is on around the graph or entered inside it."""
-    if torch.is_autocast_enabled(BACKEND):
+    if torch.is_autocast_enabled(devices.torch_name()):
         return True
+    name = devices.torch_name()
     return any(
-        n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast" and BACKEND in n.args
+        n.op == "call_function" and getattr(n.target, "__name__", "") == "_enter_autocast" and name in n.args
         for n in gm.graph.nodes
     )
 
@@ -463,7 +466,7 @@ def lazyxla_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: An
             "lazyxla's settings are lazyxla.config flags."
         )
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if tensors and not any(t.device.type == BACKEND for t in tensors):
+    if tensors and not any(on_device(t) for t in tensors):
         _warn_once(
             "cpu",
             f"torch.compile(backend='lazyxla'): a graph has no lazyxla tensor (its inputs are on "

@@ -37,8 +37,9 @@ import torch
 from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
+from lazyxla.device.devices import on_device, torch_device
 from lazyxla.ir import Leaf, raise_if_error
-from lazyxla.lazy import graph
+from lazyxla.lazy import graph, rng
 from lazyxla.lazy.tensor import LazyTensor, unwrap
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import diagnostics
@@ -203,7 +204,7 @@ def _export(fn, example_args, state, platforms, random_key) -> Exported:
     held = [g for _, g in grads if g is not None]
     grad_values = [unwrap(g)._value for g in held]
     opt_keys = {id(o): {id(p) for p in o.state} for o in optimizers}
-    rng_state = torch.lazyxla.get_rng_state()
+    rng_state = rng.get_state()
     region = diagnostics.Region("lazyxla.export", full_graph=True, max_graphs=None)
     region.what = f"lazyxla.export({getattr(fn, '__qualname__', type(fn).__name__)})"
     region.inside = "the exported function: an exported program cannot stop to run on the host"
@@ -224,7 +225,7 @@ def _export(fn, example_args, state, platforms, random_key) -> Exported:
             _set_value(g, v)
         for p, g in grads:
             p.grad = g
-        torch.lazyxla.set_rng_state(rng_state)
+        rng.set_state(rng_state)
     if new_entries:
         raise ExportError(
             f"lazyxla.export: the optimizer created its state during the exported call ({new_entries}): the "
@@ -245,7 +246,7 @@ def _set_value(t: torch.Tensor, value: tuple) -> None:
 
 def _check_on_device(module: torch.nn.Module, what: str) -> None:
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
-        if t.device.type != "lazyxla":
+        if not on_device(t):
             raise ValueError(
                 f"{what} has {name!r} on {t.device}: move the module to the lazyxla device first "
                 "(model.to(lazyxla.device()))"
@@ -266,10 +267,10 @@ def _fresh_input(a, device: int, k: int):
     each, even when two arguments are the same tensor)."""
     if not isinstance(a, torch.Tensor):
         return a
-    if a.device.type not in ("cpu", "lazyxla"):
+    if not (a.device.type == "cpu" or on_device(a)):
         raise ValueError(f"lazyxla.export: example argument {k} is on {a.device}; pass CPU or lazyxla tensors")
-    host = a.detach().cpu() if a.device.type == "lazyxla" else a.detach()
-    t = host.to(torch.device("lazyxla", device))
+    host = a.detach().cpu() if on_device(a) else a.detach()
+    t = host.to(torch_device(device))
     return t.requires_grad_(a.requires_grad)
 
 
@@ -279,7 +280,7 @@ def _output(o, k: int):
             f"lazyxla.export: the function's output {k} is a {type(o).__name__}; an exported program returns "
             "tensors only (return it as a tensor, or leave it out)"
         )
-    if o.device.type != "lazyxla":
+    if not on_device(o):
         raise ExportError(
             f"lazyxla.export: the function's output {k} is on {o.device}; return lazyxla tensors (computed on "
             "the device) so the program can compute it"
@@ -310,13 +311,13 @@ def _state_tensors(objects: list[tuple[str, Any]]) -> list[tuple[str, torch.Tens
     seen: set[int] = set()
 
     def add(name, t):
-        if isinstance(t, torch.Tensor) and t.device.type == "lazyxla" and id(t) not in seen:
+        if isinstance(t, torch.Tensor) and on_device(t) and id(t) not in seen:
             seen.add(id(t))
             out.append((name, t))
 
     for name, x in objects:
         if isinstance(x, torch.Tensor):
-            if x.device.type != "lazyxla":
+            if not on_device(x):
                 raise ValueError(f"lazyxla.export: state tensor {name} is on {x.device}; state lives on lazyxla")
             add(name, x)
         elif isinstance(x, torch.nn.Module):

@@ -11,6 +11,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
+from lazyxla.device.devices import on_device
 from lazyxla.frontend import autocast, modules, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
@@ -34,7 +35,7 @@ def _rewrap(x):
 
 
 def _unwrap_all(x):
-    if isinstance(x, torch.Tensor) and x.device.type == "lazyxla":
+    if isinstance(x, torch.Tensor) and on_device(x):
         return unwrap(x)
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap_all(e) for e in x)
@@ -45,7 +46,7 @@ def _empty(size, dtype=None, device=None):
     dtype = dtype or torch.get_default_dtype()
     index = 0 if device is None else (torch.device(device).index or 0)
     devices.jax_device(index)  # raises a clear error for a device that does not exist
-    kw = {"dtype": dtype, "device": torch.device("lazyxla", index)}
+    kw = {"dtype": dtype, "device": devices.torch_device(index)}
     lt = record(aten.empty.memory_format, (list(size),), kw)
     return lt if _below_functionalization() else wrap(lt)
 
@@ -67,9 +68,9 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 
 
 def _copy_from(src, dst, non_blocking=False):
-    if dst.device.type == "lazyxla":
+    if on_device(dst):
         inner = unwrap(dst)
-        new = copy_into(inner, src if src.device.type != "lazyxla" else unwrap(src))
+        new = copy_into(inner, unwrap(src) if on_device(src) else src)
         inner._value = new._value
         return dst
     dst.copy_(lazy_to_cpu(unwrap(src), reason="copy_ to a CPU tensor"))
@@ -152,7 +153,7 @@ def _copy_(keyset, self, src, non_blocking=False):
     host and copies it there. (PyTorch's functionalization rejects a functional source copied into a
     plain tensor, with an exception only for XLA's own device type.) Every other copy_ runs PyTorch's
     autograd kernel unchanged."""
-    if self.device.type != "lazyxla" and src.device.type == "lazyxla":
+    if not on_device(self) and on_device(src):
         return self.copy_(src.to(self.device), non_blocking)
     return _AUTOGRAD_COPY.call_boxed(keyset, self, src, non_blocking)
 
@@ -289,7 +290,7 @@ _FUNCTIONAL_TO_COPY = torch_private.computed_kernel("aten::_to_copy", "Functiona
 
 def _to_copy(keyset, self, **kwargs):
     out = _FUNCTIONAL_TO_COPY.call_boxed(keyset, self, **kwargs)
-    if out.device.type == "lazyxla" and not torch_private.is_functional(out):
+    if on_device(out) and not torch_private.is_functional(out):
         out = torch_private.to_functional(out)
     return out
 
@@ -297,8 +298,10 @@ def _to_copy(keyset, self, **kwargs):
 _functionalize_library = None
 
 
-def install() -> None:
-    registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS, wait_device_ops)
+def install(name: str = "lazyxla") -> None:
+    """Register the device with PyTorch under ``name`` (``"lazyxla"``, or ``"xla"`` for torch_xla's code) and
+    install every PyTorch hook lazyxla needs (once: later calls change nothing)."""
+    registration.register(KERNELS, rng, _backend_kernel, AUTOGRAD_KERNELS, wait_device_ops, name)
     DEVICE_KERNEL_OPS.update(_overload(name) for name in KERNELS)
     registration.patch_printing(to_cpu)
     rng.manual_seed(torch.initial_seed())

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from lazyxla import torch_private
+from lazyxla.device.devices import on_device
 
 _original_apply: Callable | None = None
 _walk = threading.local()  # .active: inside an outermost _apply of this thread
@@ -67,7 +68,7 @@ def _shared_groups(root: nn.Module) -> list[list[Slot]]:
 
 
 def _on_lazyxla(t: torch.Tensor) -> bool:
-    return t.device.type == "lazyxla"
+    return on_device(t)
 
 
 class _ConvertOnce:

@@ -1,5 +1,8 @@
 """Registration of the ``lazyxla`` device with PyTorch (PrivateUse1, renamed, as a Python backend).
 
+The device is named ``lazyxla``, or ``xla`` in a process that runs code written for torch_xla (the name is
+chosen once, before the device is registered: ``lazyxla.device.devices.torch_name``).
+
 The private PyTorch APIs this takes (the device guard, the Python-backend set-up, the engine's entry point,
 tensor printing) come from ``lazyxla.torch_private``, which checks the torch version first.
 """
@@ -20,12 +23,12 @@ import torch
 from lazyxla import torch_private
 from lazyxla.device import devices
 
-NAME = "lazyxla"
 _done = False
 
 
 class _BackendModule:
-    """``torch.lazyxla``: what PyTorch asks of a device module (seeding, RNG state, counts, availability).
+    """``torch.lazyxla`` (``torch.xla`` where the device is named ``xla``): what PyTorch asks of a device module
+    (seeding, RNG state, counts, availability).
 
     One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
     per-device calls (``get_rng_state(device)``, ``manual_seed_all``) all read or set that stream.
@@ -81,7 +84,9 @@ class _BackendModule:
     def _check_index(self, device) -> None:
         index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
         if index is not None and not 0 <= int(index) < self.device_count():
-            raise ValueError(f"lazyxla device index {index} is out of range: this process has {self.device_count()}")
+            raise ValueError(
+                f"{devices.torch_name()} device index {index} is out of range: this process has {self.device_count()}"
+            )
 
     def manual_seed(self, seed: int) -> None:
         self._rng.manual_seed(seed)
@@ -97,16 +102,16 @@ class _BackendModule:
     def initial_seed(self) -> int:
         return self._rng.get_state()[0]
 
-    def get_rng_state(self, device="lazyxla") -> torch.Tensor:
+    def get_rng_state(self, device=None) -> torch.Tensor:
         """The stream's state as a 16-byte ``torch.uint8`` CPU tensor (seed and counter)."""
         return torch.from_numpy(np.array(self._rng.get_state(), dtype=np.uint64).view(np.uint8).copy())
 
-    def set_rng_state(self, new_state: torch.Tensor, device="lazyxla") -> None:
+    def set_rng_state(self, new_state: torch.Tensor, device=None) -> None:
         """Restore a state that ``get_rng_state`` returned."""
         if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.numel() != 16:
             raise ValueError(
-                "torch.lazyxla.set_rng_state expects the 16-byte torch.uint8 tensor that "
-                f"torch.lazyxla.get_rng_state() returned, got {new_state!r:.80}"
+                f"torch.{devices.torch_name()}.set_rng_state expects the 16-byte torch.uint8 tensor that "
+                f"torch.{devices.torch_name()}.get_rng_state() returned, got {new_state!r:.80}"
             )
         seed, counter = new_state.detach().cpu().contiguous().numpy().view(np.uint64)
         self._rng.set_state((int(seed), int(counter)))
@@ -157,6 +162,19 @@ def _park_pending_error() -> None:
     if not isinstance(value, BaseException):
         value = kind() if value is None else kind(*(value if isinstance(value, tuple) else (value,)))
     _parked.append(value.with_traceback(tb) if tb is not None else value)
+
+
+class _Hooks(torch_private.PrivateUse1Hooks):
+    """What PyTorch's C++ side asks of the PrivateUse1 backend (PyTorch's own defaults for a Python backend)."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
 
 
 class _DeviceGuard(torch_private.DeviceGuard):
@@ -214,9 +232,9 @@ _pinned_storages: weakref.WeakSet = weakref.WeakSet()  # storages of tensors _pi
 
 def _pins_for_lazyxla(device) -> bool:
     if device is not None:
-        return torch.device(device).type == NAME
+        return devices.on_device(torch.device(device))
     current = torch.accelerator.current_accelerator()
-    return current is not None and current.type == NAME
+    return current is not None and devices.on_device(current)
 
 
 def _pin_memory_kernels() -> dict[str, Callable]:
@@ -260,9 +278,9 @@ def _lazyxla_is_current(query: Callable) -> Callable:
     @functools.wraps(query)
     def answer(*args, **kwargs):
         current = torch.accelerator.current_accelerator()
-        if current is None or current.type != NAME:
+        if current is None or not devices.on_device(current):
             return query(*args, **kwargs)
-        return getattr(torch.lazyxla, query.__name__)(*args, **kwargs)
+        return getattr(getattr(torch, devices.torch_name()), query.__name__)(*args, **kwargs)
 
     answer._lazyxla = True
     return answer
@@ -286,8 +304,10 @@ def register(
     fallback: Callable,
     autograd_kernels: dict[str, Callable],
     synchronize: Callable[[], None],
+    name: str = "lazyxla",
 ) -> None:
-    """Rename PrivateUse1 to ``lazyxla`` and install the backend kernels (idempotent).
+    """Rename PrivateUse1 to ``name`` (``lazyxla``, or ``xla`` for torch_xla's code) and install the backend
+    kernels (idempotent: the first call's name stays, as PyTorch renames its device once per process).
 
     ``kernels`` are per-op kernels; ``rng`` is the device RNG (``manual_seed``, ``get_state``, ``set_state``);
     ``fallback`` receives every other op that reaches the lazyxla backend key, as
@@ -300,28 +320,29 @@ def register(
     if _done:
         return
     taken = torch_private.privateuse1_backend_name()
-    if taken not in ("privateuseone", NAME):
+    if taken not in ("privateuseone", name):
         raise RuntimeError(
             f"PyTorch's PrivateUse1 device is already taken by {taken!r}; "
             "lazyxla cannot be used in the same process as that backend"
         )
-    torch_private.setup_python_backend(NAME, _BackendModule(rng, synchronize), _DeviceGuard())
+    devices.set_torch_name(name)
+    torch_private.setup_python_backend(name, _BackendModule(rng, synchronize), _DeviceGuard(), _Hooks())
     _install_backward_error_relay()
     _install_accelerator_queries()
-    for name, fn in kernels.items():
-        torch.library.impl(name, "privateuseone")(fn)
+    for op, fn in kernels.items():
+        torch.library.impl(op, "privateuseone")(fn)
     _library = torch.library.Library("_", "IMPL")
     _library.fallback(fallback, "PrivateUse1")
     _autograd_library = torch.library.Library("aten", "IMPL")
-    for name, fn in autograd_kernels.items():
-        _autograd_library.impl(name, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))
+    for op, fn in autograd_kernels.items():
+        _autograd_library.impl(op, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))
     _autograd_library.impl("_pin_memory", _pin_device_tensor, "AutogradPrivateUse1")
     _autograd_library.impl("is_pinned", _device_tensor_is_pinned, "AutogradPrivateUse1")
     _cpu_library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # "overriding a previously registered kernel": PyTorch's, which ours call
         warnings.simplefilter("ignore", UserWarning)
-        for name, fn in _pin_memory_kernels().items():
-            _cpu_library.impl(name, fn, "CPU", with_keyset=True)
+        for op, fn in _pin_memory_kernels().items():
+            _cpu_library.impl(op, fn, "CPU", with_keyset=True)
     _done = True
 
 
@@ -332,7 +353,8 @@ def patch_printing(to_cpu: Callable[[torch.Tensor], torch.Tensor]) -> None:
         return
 
     def _str(self, *, tensor_contents=None):
-        if self.device.type != NAME or torch_private.is_fake(self):  # fake tensors (torch.compile's tracing): no values
+        # fake tensors (torch.compile's tracing): no values
+        if not devices.on_device(self) or torch_private.is_fake(self):
             return original(self, tensor_contents=tensor_contents)
         text = original(to_cpu(self), tensor_contents=tensor_contents)
         extra = [f"device='{self.device}'"]

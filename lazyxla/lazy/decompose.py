@@ -16,6 +16,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.config import config
+from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph
 from lazyxla.lazy.meta import leaves
 from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
@@ -196,7 +197,7 @@ def fallback(func, args, kwargs, why: str = NO_RULE):
             return lazy_to_cpu(x)
         if isinstance(x, (list, tuple)):
             return type(x)(on_cpu(e) for e in x)
-        if isinstance(x, torch.device) and x.type == "lazyxla":
+        if isinstance(x, torch.device) and on_device(x):
             return torch.device("cpu")
         return x
 

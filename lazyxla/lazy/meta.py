@@ -149,7 +149,7 @@ class _Flat:
         elif n.device != self.device:
             raise DeviceMismatch(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"lazyxla:{self.device} and lazyxla:{n.device}!"
+                f"{devices.torch_device(self.device)} and {devices.torch_device(n.device)}!"
             )
         return self._add(t._value, t._aval, None)
 
@@ -176,7 +176,7 @@ class _Flat:
         if t.dim() != 0:
             raise DeviceMismatch(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"lazyxla:{self.device or 0} and {t.device}! Move the tensor with .to(lazyxla.device()) "
+                f"{devices.torch_device(self.device or 0)} and {t.device}! Move the tensor with .to(lazyxla.device()) "
                 "(0-dim CPU tensors are allowed, as for CUDA)."
             )
         aval = Aval((), t.dtype)
@@ -224,7 +224,7 @@ def leaves(args, kwargs):
 
 def _device_kwarg(kwargs) -> int:
     dev = kwargs.get("device")
-    if isinstance(dev, torch.device) and dev.type == "lazyxla":
+    if isinstance(dev, torch.device) and devices.on_device(dev):
         return dev.index or 0
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from lazyxla.device.devices import torch_device
 from lazyxla.lazy.decompose import (
     NO_RULE,
     decomposed,
@@ -56,20 +57,20 @@ def status_of(func) -> str:
 
 def _check_devices(args, kwargs) -> None:
     """Raise PyTorch's device-mismatch error for a non-0-dim tensor that is not on lazyxla."""
-    devices = set()
+    indices = set()
     for x in leaves(args, kwargs):
         if isinstance(x, LazyTensor):
-            devices.add(x._value[0].device)
+            indices.add(x._value[0].device)
         elif isinstance(x, torch.Tensor) and x.dim() != 0:
             raise DeviceMismatch(
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                f"lazyxla:{min(devices, default=0)} and {x.device}! Move the tensor with .to(lazyxla.device())."
+                f"{torch_device(min(indices, default=0))} and {x.device}! Move the tensor with .to(lazyxla.device())."
             )
-    if len(devices) > 1:
-        a, b = sorted(devices)[:2]
+    if len(indices) > 1:
+        a, b = sorted(indices)[:2]
         raise DeviceMismatch(
             "Expected all tensors to be on the same device, but found at least two devices, "
-            f"lazyxla:{a} and lazyxla:{b}!"
+            f"{torch_device(a)} and {torch_device(b)}!"
         )
 
 

@@ -74,7 +74,7 @@ def copy_into(dst, src, non_blocking=False):
 
 
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    if device is not None and torch.device(device).type != "lazyxla":
+    if device is not None and not devices.on_device(torch.device(device)):
         return lazy_to_cpu(x, dtype, ".cpu() / .to(cpu)").to(device)
     target = x._value[0].device if device is None else (torch.device(device).index or 0)
     if target != x._value[0].device:
@@ -157,7 +157,7 @@ def _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps):
     out = record(
         aten._native_batch_norm_legit_no_training.default, (x, w, b, running_mean, running_var, momentum, eps), {}
     )
-    kw = {"dtype": out[1].dtype, "device": torch.device("lazyxla", x._value[0].device)}
+    kw = {"dtype": out[1].dtype, "device": devices.torch_device(x._value[0].device)}
     empty = record(aten.empty.memory_format, ([0],), kw)
     return out[0], empty, _alias(empty)
 

@@ -11,6 +11,7 @@ import weakref
 import torch
 
 from lazyxla import torch_private
+from lazyxla.device.devices import torch_device
 from lazyxla.ir import Aval, Leaf
 
 # per op: bound once (a global lookup instead of an attribute chain)
@@ -24,13 +25,6 @@ _functional_sync = torch_private.functional_sync
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
 # (A list of weakrefs costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans.)
 _live: list = []
-_devices: list = []  # torch.device("lazyxla", i), made once per index
-
-
-def _device(index: int) -> torch.device:
-    while len(_devices) <= index:
-        _devices.append(torch.device("lazyxla", len(_devices)))
-    return _devices[index]
 
 
 class LazyTensor(torch.Tensor):
@@ -40,7 +34,7 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
         t = _make_wrapper_subclass(
-            cls, aval.shape, dtype=aval.dtype, device=_device(value[0].device), requires_grad=requires_grad
+            cls, aval.shape, dtype=aval.dtype, device=torch_device(value[0].device), requires_grad=requires_grad
         )
         t._value = value
         t._aval = aval

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from lazyxla.device import processes
+from lazyxla.device.devices import on_device
 from lazyxla.ops import ReduceOp, library, ops
 
 __all__ = [
@@ -42,7 +43,7 @@ def _check_tensors(x, fn: str) -> tuple[list[torch.Tensor], bool]:
     if many and not tensors:
         raise ValueError(f"{fn}: got an empty list of tensors")
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
+        if not isinstance(t, torch.Tensor) or not on_device(t):
             where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"{fn} takes lazyxla tensors, got {where}; move it with .to(lazyxla.device()) first")
     return tensors, many

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lazyxla.device.devices import on_device
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel import spmd
 from lazyxla.parallel.buckets import Buckets, as_buckets
@@ -100,7 +101,7 @@ class DeviceLoader:
             raise ValueError(f"DeviceLoader: prefetch must be at least 1, got {prefetch}")
         self.loader = loader
         self.device = torch.device(device)
-        if self.device.type != "lazyxla":
+        if not on_device(self.device):
             raise ValueError(f"DeviceLoader moves batches to a lazyxla device, got {self.device}")
         self.prefetch = prefetch
         self.sync_each_step = sync_each_step

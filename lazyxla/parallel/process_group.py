@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from lazyxla import torch_private
-from lazyxla.device import processes, wire
+from lazyxla.device import devices, processes, wire
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 
@@ -51,7 +51,7 @@ def _on_device(tensors) -> bool:
     kinds = {t.device.type for t in tensors}
     if len(kinds) > 1:
         raise ValueError(f"the lazyxla process group got tensors on several devices ({sorted(kinds)}) in one call")
-    return kinds == {"lazyxla"}
+    return kinds == {devices.torch_name()}
 
 
 def _copy_into(outputs, results) -> None:
@@ -198,4 +198,4 @@ def register() -> None:
         dist.init_process_group("lazyxla")
     """
     if "lazyxla" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("lazyxla", _create, devices=["lazyxla"])
+        dist.Backend.register_backend("lazyxla", _create, devices=[devices.torch_name()])

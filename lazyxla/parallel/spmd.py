@@ -185,7 +185,7 @@ def _check_spec(shape: tuple[int, ...], m: Mesh, spec: Sequence) -> tuple:
 
 
 def _inner(t: torch.Tensor):
-    if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
+    if not isinstance(t, torch.Tensor) or not devices.on_device(t):
         raise TypeError(f"expected a lazyxla tensor, got {t.device if isinstance(t, torch.Tensor) else type(t)}")
     return unwrap(t)
 

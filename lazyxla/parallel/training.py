@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from lazyxla.device import processes
+from lazyxla.device.devices import on_device
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel.collectives import ReduceOp, all_reduce
 from lazyxla.util import atomic_write, map_tensors
@@ -82,7 +83,7 @@ def optimizer_step(
 
 
 def _to_cpu(obj: Any) -> Any:
-    return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type == "lazyxla" else t)
+    return map_tensors(obj, lambda t: t.detach().cpu() if on_device(t) else t)
 
 
 def save(obj: Any, path: str | os.PathLike, master_only: bool = True) -> None:

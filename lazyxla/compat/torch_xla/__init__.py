@@ -3,9 +3,9 @@
 This package mirrors torch_xla's public surface (``torch_xla.core.xla_model``, ``torch_xla.runtime``,
 ``torch_xla.distributed.*``, ``torch_xla.debug.metrics``, ``torch_xla.amp``, ...) with each function
 mapped onto lazyxla. ``lazyxla.compat.install()`` (or ``python -m lazyxla.run script.py``) makes
-``import torch_xla`` resolve here when the real torch_xla is not installed. Devices are
-``torch.device('lazyxla', i)``; code that builds ``torch.device('xla')`` itself needs
-``torch_xla.device()`` instead (see ``docs/migrating-from-torch_xla.md``).
+``import torch_xla`` resolve here when the real torch_xla is not installed. Under ``python -m lazyxla.run``
+devices are ``torch.device('xla', i)``, as torch_xla's; where the layer is installed after ``import lazyxla`` they
+keep lazyxla's name, ``torch.device('lazyxla', i)`` (see ``docs/migrating-from-torch_xla.md``).
 
 Example::
 
@@ -35,7 +35,7 @@ __lazyxla_compat__ = True
 
 
 def device(index: int | None = None) -> torch.device:
-    """The lazyxla device ``index`` (default: this replica's device, ``lazyxla:0``); in SPMD mode the
+    """The lazyxla device ``index`` (default: this replica's device, ``xla:0``); in SPMD mode the
     device that stands for every device.
 
     Example::
@@ -181,7 +181,7 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method)
 
 
-from lazyxla.compat.torch_xla import runtime  # noqa: E402
+from lazyxla.compat.torch_xla import _XLAC, runtime  # noqa: E402, F401  (_XLAC: torch_xla imports it too)
 from lazyxla.compat.torch_xla.core import xla_model as xm  # noqa: E402
 from lazyxla.compat.torch_xla.distributed import xla_multiprocessing as xmp  # noqa: E402
 

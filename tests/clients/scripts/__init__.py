@@ -45,9 +45,9 @@ def run_on_lazyxla(name: str, folder: Path, replicas: int) -> list[dict]:
 
 
 def assert_xla_path(result: dict) -> None:
-    """The script took the libraries' XLA path on lazyxla's device, and no op ran on the CPU."""
+    """The script took the libraries' XLA path on lazyxla's device (named `xla`), and no op ran on the CPU."""
     assert result["xla"] and result["distributed_type"] == "DistributedType.XLA"
-    assert result["device"] == result["param_device"] == "lazyxla:0"
+    assert result["device"] == result["param_device"] == "xla:0"  # torch_xla's name: python -m lazyxla.run chose it
     assert result["train_loader"] == "MpDeviceLoaderWrapper"  # accelerate's subclass of pl.MpDeviceLoader
     assert result["cpu_ops"] == [], f"ops ran on the CPU: {result['cpu_ops']}"
 

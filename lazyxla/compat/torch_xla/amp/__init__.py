@@ -1,10 +1,11 @@
 """``torch_xla.amp`` on lazyxla: ``autocast``, ``GradScaler``, ``custom_fwd``/``custom_bwd``, ``syncfree``.
 
-``torch_xla.amp.autocast(device, ...)`` is ``torch.autocast("lazyxla", ...)`` with bfloat16 as the
+``torch_xla.amp.autocast(device, ...)`` is ``torch.autocast("xla", ...)`` with bfloat16 as the
 default dtype (torch_xla's default on TPU; lazyxla uses it on every platform). ``GradScaler`` is
-``torch.amp.GradScaler("lazyxla")``: its inf check and scale update run on the device; with a fused
+``torch.amp.GradScaler("xla")``: its inf check and scale update run on the device; with a fused
 optimizer (``fused=True``) the skip of an overflowing step is decided there too, otherwise GradScaler reads
-the inf flag on the host once per step. bfloat16 needs no scaler.
+the inf flag on the host once per step. bfloat16 needs no scaler. (Where the device keeps lazyxla's name,
+``lazyxla.compat.install()`` after ``import lazyxla``, each of these names ``"lazyxla"`` instead.)
 
 Example::
 
@@ -19,14 +20,15 @@ from __future__ import annotations
 import torch
 
 from lazyxla.compat._common import missing_attribute
+from lazyxla.device.devices import DEVICE_NAMES, torch_name
 
 __all__ = ["GradScaler", "autocast", "custom_bwd", "custom_fwd", "syncfree"]
 
 
 class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801  (torch_xla's name)
-    """Mixed precision on the lazyxla device: ``torch.autocast("lazyxla", dtype=dtype or torch.bfloat16)``.
+    """Mixed precision on the lazyxla device: ``torch.autocast("xla", dtype=dtype or torch.bfloat16)``.
 
-    ``device`` is the device (or its name) the region runs on; it must be a lazyxla device.
+    ``device`` is the device (or its name) the region runs on; it must be the device (``xla`` or ``lazyxla``).
 
     Example::
 
@@ -36,15 +38,15 @@ class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801  (torch_xla's na
 
     def __init__(self, device, enabled: bool = True, dtype: torch.dtype | None = None, cache_enabled: bool = True):
         kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-        if kind not in ("lazyxla", "xla"):
+        if kind not in DEVICE_NAMES:
             raise ValueError(f"torch_xla.amp.autocast is for the XLA device (lazyxla here), got {device!r}")
         super().__init__(
-            "lazyxla", enabled=enabled, dtype=torch.bfloat16 if dtype is None else dtype, cache_enabled=cache_enabled
+            torch_name(), enabled=enabled, dtype=torch.bfloat16 if dtype is None else dtype, cache_enabled=cache_enabled
         )
 
 
 class GradScaler(torch.amp.GradScaler):
-    """Loss scaling for float16 training: ``torch.amp.GradScaler("lazyxla")`` with torch_xla's arguments
+    """Loss scaling for float16 training: ``torch.amp.GradScaler("xla")`` with torch_xla's arguments
     (``use_zero_grad`` is accepted and unused).
 
     Example::
@@ -63,7 +65,7 @@ class GradScaler(torch.amp.GradScaler):
         use_zero_grad: bool = False,
     ) -> None:
         super().__init__(
-            "lazyxla",
+            torch_name(),
             init_scale=init_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
@@ -82,7 +84,7 @@ def custom_fwd(fwd=None, *, cast_inputs: torch.dtype | None = None):
             @custom_fwd(cast_inputs=torch.float32)
             def forward(ctx, x): ...
     """
-    return torch.amp.custom_fwd(fwd, device_type="lazyxla", cast_inputs=cast_inputs)
+    return torch.amp.custom_fwd(fwd, device_type=torch_name(), cast_inputs=cast_inputs)
 
 
 def custom_bwd(bwd=None):
@@ -94,7 +96,7 @@ def custom_bwd(bwd=None):
         @custom_bwd
         def backward(ctx, g): ...
     """
-    return torch.amp.custom_bwd(bwd, device_type="lazyxla")
+    return torch.amp.custom_bwd(bwd, device_type=torch_name())
 
 
 from lazyxla.compat.torch_xla.amp import syncfree  # noqa: E402

@@ -31,6 +31,7 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
 from lazyxla.device import devices
+from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph, rng
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.observe import metrics
@@ -82,7 +83,8 @@ def _spmd() -> bool:
 
 
 def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:
-    """The device of this replica: ``lazyxla:n`` (default ``lazyxla:0``). ``devkind`` is deprecated in
+    """The device of this replica: ``xla:n`` (default ``xla:0``; ``lazyxla:n`` where the device keeps lazyxla's
+    name: ``lazyxla.compat.install()`` after ``import lazyxla``). ``devkind`` is deprecated in
     torch_xla and ignored here (lazyxla runs on jax's default backend).
 
     Example::
@@ -96,7 +98,7 @@ def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device
 
 
 def get_xla_supported_devices(devkind: str | None = None, max_devices: int | None = None) -> list[str]:
-    """The device names of this process, e.g. ``['lazyxla:0']``.
+    """The device names of this process, e.g. ``['xla:0']``.
 
     Example::
 
@@ -114,7 +116,7 @@ def xla_device_hw(device) -> str:
         if xm.xla_device_hw(xm.xla_device()) == "TPU": ...
     """
     dev = torch.device(device)
-    if dev.type != "lazyxla":
+    if not on_device(dev):
         raise RuntimeError(f"xm.xla_device_hw: {device} is not a lazyxla device")
     return platform_name()
 
@@ -138,7 +140,7 @@ def is_xla_tensor(tensor: torch.Tensor) -> bool:
 
         assert xm.is_xla_tensor(torch.zeros(2, device=xm.xla_device()))
     """
-    return tensor.device.type == "lazyxla"
+    return on_device(tensor)
 
 
 # --- replicas --------------------------------------------------------------------------------------
@@ -157,7 +159,7 @@ def set_replication(device, devices) -> None:
         xm.set_replication(xm.xla_device(), xm.get_xla_supported_devices())
     """
     device = torch.device(device)
-    if device.type != "lazyxla":
+    if not on_device(device):
         raise RuntimeError(f"xm.set_replication: {device} is not a lazyxla device (use xm.xla_device())")
     names = [str(torch.device(d)) for d in devices or ()]
     if not names:
@@ -516,7 +518,7 @@ def xla_rendezvous(payload: bytes = b"", ordinals: list | None = None, tag: str 
 def _device_tensors(data) -> list[torch.Tensor]:
     """The lazyxla tensors in nested dicts, lists and tuples, each once."""
     found: dict[int, torch.Tensor] = {}
-    map_tensors(data, lambda t: found.setdefault(id(t), t) if t.device.type == "lazyxla" else t)
+    map_tensors(data, lambda t: found.setdefault(id(t), t) if on_device(t) else t)
     return list(found.values())
 
 

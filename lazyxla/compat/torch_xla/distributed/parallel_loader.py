@@ -22,6 +22,7 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, unsupported
 from lazyxla.compat.torch_xla.core import xla_model as xm
+from lazyxla.device.devices import on_device
 from lazyxla.parallel.buckets import as_buckets
 from lazyxla.util import map_tensors
 
@@ -30,7 +31,7 @@ __all__ = ["MpDeviceLoader", "ParallelLoader", "PerDeviceLoader"]
 
 def _device(d) -> torch.device:
     d = torch.device(d)
-    return torch.device(d.type, 0) if d.type == "lazyxla" and d.index is None else d
+    return torch.device(d.type, 0) if on_device(d) and d.index is None else d
 
 
 def _batch_size(batch, dim: int):

@@ -24,6 +24,7 @@ import lazyxla
 from lazyxla import torch_private
 from lazyxla.compat._common import missing_attribute
 from lazyxla.config import foreign_env
+from lazyxla.device.devices import torch_name
 from lazyxla.parallel import process_group as _process_group
 
 # the module (torch.distributed.rendezvous is also the name of a function there)
@@ -42,7 +43,7 @@ def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
 
 def _register() -> None:
     if "xla" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("xla", _process_group._create, devices=["lazyxla"])
+        dist.Backend.register_backend("xla", _process_group._create, devices=[torch_name()])
     if not torch_private.has_rendezvous_handler("xla"):
         _rendezvous.register_rendezvous_handler("xla", _xla_rendezvous_handler)
 

@@ -30,6 +30,7 @@ import torch
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.device.devices import on_device
 
 __all__ = [
     "HybridMesh",
@@ -273,7 +274,7 @@ class ShardingSpec:
         mark_sharding(t, self.mesh, self.partition_spec)
 
     def _annotate(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "lazyxla" and self.can_apply(t):
+        if on_device(t) and self.can_apply(t):
             mark_sharding(t, self.mesh, self.partition_spec)
         return t
 

@@ -1,0 +1,41 @@
+"""``torch_xla._XLAC`` on lazyxla: the one binding of torch_xla's C++ module that libraries call,
+``_xla_get_tensor_id``.
+
+transformers' ``id_tensor_storage`` (``save_pretrained``'s search for tied weights) and peft's equivalent ask it
+for a tensor whose ``device.type`` is ``"xla"``, because XLA tensors have no storage pointer. Every other name
+of torch_xla's C++ module raises ``AttributeError``.
+
+Example::
+
+    import torch_xla
+    a, b = w.detach(), w.detach()
+    assert torch_xla._XLAC._xla_get_tensor_id(a) == torch_xla._XLAC._xla_get_tensor_id(b)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazyxla import torch_private
+from lazyxla.compat._common import missing_attribute
+from lazyxla.device.devices import on_device
+
+
+def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
+    """A number that identifies the device data ``tensor`` shares with its views (``detach()``, slices,
+    transposes, a tied parameter's other names), the same for as long as that data lives; tensors that do not
+    share it (a ``clone()`` included) get different numbers. It stands for the storage pointer device tensors do
+    not have, which is what transformers uses it for.
+
+    Example::
+
+        torch_xla._XLAC._xla_get_tensor_id(model.lm_head.weight.detach())
+    """
+    if not isinstance(tensor, torch.Tensor) or not on_device(tensor):
+        where = tensor.device if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise RuntimeError(f"torch_xla._XLAC._xla_get_tensor_id: expected a tensor on the XLA device, got {where}")
+    return torch_private.storage_id(tensor)
+
+
+def __getattr__(name: str):
+    raise missing_attribute(__name__, name)
