@@ -134,7 +134,7 @@ def _device_of(func, lazies: list, kwargs) -> int | None:
     device = kwargs.get("device")
     if device is not None:
         device = torch.device(device)
-        if device.type != "lazyxla":
+        if not devices.on_device(device):
             return None
         found.add(device.index or 0)
     if len(found) > 1:
