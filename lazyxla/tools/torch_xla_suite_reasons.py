@@ -1,0 +1,70 @@
+"""Why a torch_xla test case fails under lazyxla: the reasons ``torch_xla_suite`` sorts failures into.
+
+Each reason is a pattern over the case's error (or, for a file that stopped before its cases ran, over the
+file's output) and a label. The first pattern that matches names the reason; ``REASONS`` is ordered from the
+most specific. Labels that name a point of issue 17 are work another part of the project owns; they are
+re-counted by re-running the suite once that work lands.
+
+Example::
+
+    classify("AttributeError: module 'torch_xla' has no attribute '_XLAC'", "")   # 'needs torch_xla._XLAC ...'
+"""
+
+from __future__ import annotations
+
+import re
+
+XLA_DEVICE = "needs the 'xla' device string (issue 17 point 1)"
+XLAC = "needs torch_xla._XLAC (C++ internals)"
+
+REASONS: tuple[tuple[str, str], ...] = (
+    (r"No module named 'torchvision'", "needs torchvision (not installed)"),
+    (r"No module named 'absl'", "needs absl-py (pip install absl-py)"),
+    (r"_XLAC", XLAC),
+    (r"torch_xla\._internal|_internal\.(pjrt|tpu|rendezvous)", "needs torch_xla._internal (private helpers)"),
+    (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
+    (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
+    (r"support for xla devices|type='xla'|device type at start of device string: xla|Expected one of .* device type|'xla'|\"xla\"|xla:\d", XLA_DEVICE),
+    (r"eager_mode|experimental\.eager|EagerOp", "needs experimental.eager_mode (issue 17 point 4)"),
+    (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
+    (r"openxla|dynamo_bridge|_dynamo", "needs torch.compile(backend='openxla') (issue 17 point 4)"),
+    (r"fsdp|FullyShardedDataParallel|zero_redundancy|ZeroRedundancy", "needs FSDP / ZeRO-1 (issue 17 point 2)"),
+    (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
+    (r"NotImplementedError", "raises NotImplementedError in the layer"),
+)
+OTHER = "other (see the case's error)"
+
+
+def classify(detail: str, output: str = "") -> str:
+    """The reason label for a failing case from its error ``detail`` (else the file's ``output``).
+
+    Example::
+
+        classify("ModuleNotFoundError: No module named 'torchvision'")   # 'needs torchvision (not installed)'
+    """
+    for text in (detail, output[-3000:]):
+        if not text:
+            continue
+        for pattern, label in REASONS:
+            if re.search(pattern, text):
+                return label
+        if text is detail:
+            return OTHER
+    return OTHER
+
+
+_ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*|^\w+Error$")
+
+
+def last_error(output: str) -> str:
+    """The last exception line of a process's output (``Type: message``), or its last non-empty line.
+
+    Example::
+
+        last_error("Traceback ...\\nValueError: bad shape\\n")   # 'ValueError: bad shape'
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line[:500]
+    return lines[-1][:500] if lines else "(no output)"
