@@ -149,7 +149,8 @@ def _child_env(devices: int) -> dict[str, str]:
     for name in ("JAX_PLATFORMS", "XLA_FLAGS", "LAZYXLA_CPU_DEVICES"):
         env.pop(name, None)  # the file's PJRT variables decide, as under torch_xla
     extra = [p for p in os.environ.get("TORCH_XLA_SUITE_PATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *extra, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *extra, *inherited])
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONUNBUFFERED="1")
     return env
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 XLA_DEVICE = "needs the 'xla' device string (issue 17 point 1)"
+_XLA_NAMED = r"support for xla devices|type='xla'|device string: xla|Expected one of .* device type|'xla'|xla:\d"
 XLAC = "needs torch_xla._XLAC (C++ internals)"
 
 REASONS: tuple[tuple[str, str], ...] = (
@@ -24,7 +25,7 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"torch_xla\._internal|_internal\.(pjrt|tpu|rendezvous)", "needs torch_xla._internal (private helpers)"),
     (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
     (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
-    (r"support for xla devices|type='xla'|device type at start of device string: xla|Expected one of .* device type|'xla'|\"xla\"|xla:\d", XLA_DEVICE),
+    (_XLA_NAMED, XLA_DEVICE),
     (r"eager_mode|experimental\.eager|EagerOp", "needs experimental.eager_mode (issue 17 point 4)"),
     (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
     (r"openxla|dynamo_bridge|_dynamo", "needs torch.compile(backend='openxla') (issue 17 point 4)"),
