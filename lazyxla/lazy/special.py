@@ -37,7 +37,7 @@ def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "
     raised, its array copied to the host (converted to ``dtype`` if given)."""
     arr = _materialize(t, reason)
     metrics.inc("device_to_host")
-    with metrics.timer("transfer"):
+    with metrics.timer("transfer", also="transfer_from_device"):
         out = devices.to_host(arr, t.dtype)
     return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
@@ -46,7 +46,7 @@ def cpu_to_lazy(t: torch.Tensor, device: int) -> LazyTensor:
     """A bare LazyTensor on lazyxla device ``device`` holding a copy of the CPU tensor ``t``."""
     metrics.inc("host_to_device")
     aval = Aval(tuple(t.shape), t.dtype)
-    with metrics.timer("transfer"):
+    with metrics.timer("transfer", also="transfer_to_device"):
         arr = devices.to_device(t, device)
     n = leaf(Leaf.DATA, arr, aval, device)
     n.source = f"copied from the CPU at {diagnostics.user_frame(2)}"
@@ -136,6 +136,7 @@ def _random_bounds_checked(func):
 
 
 def _local_scalar_dense(x):
+    metrics.inc("scalar_reads")  # torch_xla users read it as the aten::_local_scalar_dense counter
     return lazy_to_cpu(x, reason=".item()").item()
 
 
