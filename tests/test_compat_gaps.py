@@ -341,11 +341,18 @@ except ValueError as e:
     assert "should be a dict" in str(e), e
 else:
     raise AssertionError("no ValueError for a tensor batch with a dict of shardings")
+# MarkShardingFunction (torch_xla.distributed.spmd.xla_sharding): a new sharded tensor, a sharded gradient
+import torch_xla.distributed.spmd.xla_sharding as xss
+x = torch.randn(8, 4).to(dev).requires_grad_()
+y = xss.MarkShardingFunction.apply(x * 2, mesh, ("data", None))
+assert lazyxla.spmd.get_sharding(y)[1] == ("data", None) and lazyxla.spmd.get_sharding(x) is None
+(y * y).sum().backward()
+assert torch.allclose(x.grad.cpu(), 8 * x.detach().cpu())
 print("ok")
 """
 
 
-def test_mp_device_loader_takes_a_sharding_per_dict_key(tmp_path):
+def test_mp_device_loader_takes_a_sharding_per_dict_key_and_mark_sharding_function(tmp_path):
     script = tmp_path / "input_sharding_dict.py"
     script.write_text(INPUT_SHARDING_DICT)
     proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=180, CPU_NUM_DEVICES="4")
@@ -358,6 +365,7 @@ PROFILED = r"""
 import sys, time, torch, torch_xla
 import torch_xla.debug.profiler as xp
 server = xp.start_server(int(sys.argv[1]))
+assert xp.start_server(int(sys.argv[1])) is server  # jax runs one server per process: the same one again
 x = torch.ones(64, 64, device=torch_xla.device())
 end, compiled = time.time() + 20, False
 while time.time() < end:
@@ -426,3 +434,17 @@ def test_profiler_trace_retries_until_its_timeout(xla, tmp_path, monkeypatch):
     monkeypatch.setattr(xp, "trace", lambda *a, **k: seen.append((a, k, threading.current_thread().name)))
     xp.trace_detached("localhost:9012", "/tmp/x", duration_ms=5).join(timeout=10)
     assert seen == [(("localhost:9012", "/tmp/x"), {"duration_ms": 5}, "torch_xla.debug.profiler.trace")]
+
+
+def test_profiler_trace_errors_read_as_torch_xla_s(xla, tmp_path):
+    import torch_xla.debug.profiler as xp
+
+    with pytest.raises(RuntimeError, match="No profile started"):
+        xp.stop_trace()
+    xp.start_trace(str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="Only one profile may be run at a time"):
+            xp.start_trace(str(tmp_path))
+    finally:
+        xp.stop_trace()
+    assert list(tmp_path.glob("**/*.xplane.pb"))

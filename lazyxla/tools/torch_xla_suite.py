@@ -81,18 +81,39 @@ NOT_TESTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """How one file runs: CPU devices, arguments, time limit (seconds)."""
+    """How one file runs: CPU devices, arguments, time limit (seconds); ``tpu_only``: the file checks nothing
+    off a TPU (it exits 0 on CPU), so its pass counts as a skip; ``known``: the reason of failures whose error
+    does not name one (found by reading the test)."""
 
     devices: int = 4
     args: tuple[str, ...] = ()
     timeout: int = 240
+    tpu_only: bool = False
+    known: str = ""
 
 
+_TPU_ONLY = Setting(tpu_only=True)
 # torch_xla's CI runs its test files with 1 or 4 CPU devices (test/run_tests.sh); 4 exercises more of the
 # multi-device paths. The examples train for hundreds of steps by default: a few show that a step works.
 SETTINGS = {
     "examples/train_decoder_only_base.py": Setting(args=("--num-steps", "3")),
     "examples/train_resnet_base.py": Setting(timeout=120),
+    "test/test_mp_all_gather.py": _TPU_ONLY,
+    "test/test_mp_all_to_all.py": _TPU_ONLY,
+    "test/test_mp_collective_matmul.py": _TPU_ONLY,
+    "test/test_mp_collective_permute.py": _TPU_ONLY,
+    "test/test_mp_distributed_mm.py": _TPU_ONLY,
+    "test/test_mp_early_exit.py": Setting(known=reasons.TORCHRUN),
+    "test/pjrt/test_torchrun.py": Setting(known=reasons.TORCHRUN),
+    "test/test_mp_reduce_scatter.py": Setting(known="needs xm.reduce_scatter(output=...) (issue 17 point 5)"),
+    "test/test_mp_rendezvous.py": Setting(known="xm.rendezvous over a subset of the replicas is not supported"),
+    "test/test_async_closures.py": Setting(known="add_step_closure(run_async=True) runs synchronously on lazyxla"),
+    "test/test_syncfree_optimizers.py": Setting(
+        known="nll_loss with a float target: torch_xla accepts it, PyTorch (and lazyxla) raise"
+    ),
+    "test/pjrt/test_profiler.py": Setting(known="checks the trace names of torch_xla's C++ runtime"),
+    "test/test_mp_sync_batch_norm.py": Setting(known=reasons.XLA_DEVICE),  # `batch.device.type == 'xla'` picks the path
+    "test/spmd/test_sharding_strategies.py": Setting(args=("--batch_size", "64", "--embedding_dimension", "32")),
 }
 DEFAULT = Setting()
 
@@ -144,13 +165,13 @@ def static_cases(path: Path) -> list[str]:
     return out
 
 
-def _child_env(devices: int) -> dict[str, str]:
+def _child_env(devices: int, folders: tuple[str, ...] = ()) -> dict[str, str]:
     env = dict(os.environ)
     for name in ("JAX_PLATFORMS", "XLA_FLAGS", "LAZYXLA_CPU_DEVICES"):
         env.pop(name, None)  # the file's PJRT variables decide, as under torch_xla
     extra = [p for p in os.environ.get("TORCH_XLA_SUITE_PATH", "").split(os.pathsep) if p]
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *extra, *inherited])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *folders, *extra, *inherited])
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONUNBUFFERED="1")
     return env
 
@@ -215,8 +236,11 @@ def run_file(src: Path, rel: str, setting: Setting) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "record.jsonl"
         cmd = [sys.executable, "-m", "lazyxla.tools.torch_xla_suite_child", str(record), str(path), *setting.args]
-        rc, output, seconds = _run_process(cmd, path.parent, _child_env(setting.devices), setting.timeout)
+        # examples/<topic>/*.py import the models in examples/ as torch_xla's README runs them: from examples/
+        folders = (str(src / "examples"),) if rel.startswith("examples/") else ()
+        rc, output, seconds = _run_process(cmd, path.parent, _child_env(setting.devices, folders), setting.timeout)
         cases = _read_record(record)
+    recorded = len(cases)  # the cases unittest reported: their own errors say why they failed
     static = static_cases(path)
     last = reasons.last_error(output)
     if rc is None:
@@ -228,9 +252,13 @@ def run_file(src: Path, rel: str, setting: Setting) -> dict:
         cases = [Case(rel, outcome, "" if rc == 0 else why)]
     elif rc != 0:
         cases += _unreached(static, cases, stop, why)
-    for c in cases:
-        if c.outcome not in ("passed", "xfail"):
-            c.reason = reasons.classify(c.detail, output)
+    for i, c in enumerate(cases):
+        if c.outcome == "passed" and setting.tpu_only:
+            c.outcome, c.reason = "skipped", "its checks run on a TPU only: on CPU it exits having checked nothing"
+        elif c.outcome not in ("passed", "xfail"):
+            c.reason = reasons.classify(c.detail, output if i >= recorded else "")
+            if c.reason == reasons.OTHER and setting.known:
+                c.reason = setting.known
     return {
         "file": rel,
         "rc": rc,

@@ -15,8 +15,21 @@ from __future__ import annotations
 import re
 
 XLA_DEVICE = "needs the 'xla' device string (issue 17 point 1)"
-_XLA_NAMED = r"support for xla devices|type='xla'|device string: xla|Expected one of .* device type|'xla'|xla:\d"
+_XLA_NAMED = "|".join(
+    (
+        r"from the 'XLA' backend",
+        "support for xla devices",
+        "type='xla'",
+        "device string: xla",
+        r"Expected one of .* device type",
+        "'xla'",
+        r"xla:\d",
+    )
+)
 XLAC = "needs torch_xla._XLAC (C++ internals)"
+TORCHRUN = "must be launched by torchrun (the suite runs each file as a script)"
+OPENXLA = "needs torch.compile(backend='openxla') (issue 17 point 4)"
+EAGER = "needs torch_xla.experimental.eager_mode (issue 17 point 4)"
 
 REASONS: tuple[tuple[str, str], ...] = (
     (r"No module named 'torchvision'", "needs torchvision (not installed)"),
@@ -26,10 +39,12 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
     (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
     (_XLA_NAMED, XLA_DEVICE),
-    (r"eager_mode|experimental\.eager|EagerOp", "needs experimental.eager_mode (issue 17 point 4)"),
+    (r"eager_mode|experimental\.eager|EagerOp|no attribute 'experimental'", EAGER),
+    (r"launched with torchrun", TORCHRUN),
+    (r"marked as skipped|backend='openxla'|openxla|dynamo_bridge", OPENXLA),
     (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
-    (r"openxla|dynamo_bridge|_dynamo", "needs torch.compile(backend='openxla') (issue 17 point 4)"),
     (r"fsdp|FullyShardedDataParallel|zero_redundancy|ZeroRedundancy", "needs FSDP / ZeRO-1 (issue 17 point 2)"),
+    (r"No module named '(requests|datasets|transformers)'", "needs a package the suite's environment lacks"),
     (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
     (r"NotImplementedError", "raises NotImplementedError in the layer"),
 )
@@ -37,20 +52,18 @@ OTHER = "other (see the case's error)"
 
 
 def classify(detail: str, output: str = "") -> str:
-    """The reason label for a failing case from its error ``detail`` (else the file's ``output``).
+    """The reason label for a failing case from its error ``detail``, else from the last traceback in the
+    file's ``output`` (a replica's traceback names what the parent's last line does not).
 
     Example::
 
         classify("ModuleNotFoundError: No module named 'torchvision'")   # 'needs torchvision (not installed)'
     """
-    for text in (detail, output[-3000:]):
-        if not text:
-            continue
+    last = output.rfind("Traceback (most recent call last)")
+    for text in (detail, output[last:] if last >= 0 else ""):
         for pattern, label in REASONS:
-            if re.search(pattern, text):
+            if text and re.search(pattern, text):
                 return label
-        if text is detail:
-            return OTHER
     return OTHER
 
 
@@ -66,6 +79,6 @@ def last_error(output: str) -> str:
     """
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     for line in reversed(lines):
-        if _ERROR_LINE.match(line):
+        if _ERROR_LINE.match(line) and not line.endswith("raised:"):  # spawn's summary: the replica's error follows
             return line[:500]
     return lines[-1][:500] if lines else "(no output)"

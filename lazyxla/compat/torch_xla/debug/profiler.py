@@ -35,13 +35,14 @@ import lazyxla
 from lazyxla.compat._common import missing_attribute
 from lazyxla.compat.torch_xla.core import xla_model as xm
 
-_state: dict = {"trace": None}
+_state: dict = {"trace": None, "server": None}
 
 
 def start_server(port: int, only_on_master: bool = True):
     """Start jax's profiler server on ``port`` and return its handle; with ``only_on_master`` (the default)
-    only the local master replica starts one, the others return None. jax's server listens on every network
-    interface of the host: profile on a trusted network only.
+    only the local master replica starts one, the others return None. jax runs one server per process: asking
+    again for the port it serves returns the same handle, another port raises. jax's server listens on every
+    network interface of the host: profile on a trusted network only.
 
     Example::
 
@@ -49,7 +50,12 @@ def start_server(port: int, only_on_master: bool = True):
     """
     if only_on_master and not xm.is_master_ordinal():
         return None
-    return jax.profiler.start_server(int(port))
+    running = _state["server"]
+    if running is not None and running[0] == int(port):
+        return running[1]
+    server = jax.profiler.start_server(int(port))
+    _state["server"] = (int(port), server)
+    return server
 
 
 def _profiler_client():
@@ -160,7 +166,10 @@ def start_trace(log_dir: str) -> None:
         xp.start_trace("/tmp/trace")
     """
     if _state["trace"] is not None:
-        raise RuntimeError("xp.start_trace: a trace is already running; call xp.stop_trace() first")
+        raise RuntimeError(
+            "xp.start_trace: Profile has already been started. Only one profile may be run at a time: "
+            "call xp.stop_trace() first"
+        )
     ctx = lazyxla.profiler.trace(log_dir)
     ctx.__enter__()
     _state["trace"] = ctx
@@ -175,7 +184,7 @@ def stop_trace() -> None:
     """
     ctx, _state["trace"] = _state["trace"], None
     if ctx is None:
-        raise RuntimeError("xp.stop_trace: no trace is running")
+        raise RuntimeError("xp.stop_trace: No profile started (xp.start_trace(log_dir) starts one)")
     ctx.__exit__(None, None, None)
 
 
