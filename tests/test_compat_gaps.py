@@ -319,6 +319,8 @@ import torch_xla.runtime as xr
 import torch_xla.distributed.spmd as xs
 import torch_xla.distributed.parallel_loader as pl
 xr.use_spmd()
+import os
+assert os.environ["XLA_USE_SPMD"] == "1"  # torch_xla's use_spmd sets it; tests delete it in tearDownClass
 mesh = xs.get_1d_mesh("data")
 dev = torch_xla.device()
 batch = {"x": torch.randn(8, 3), "y": torch.randn(2, 4, 3), "n": torch.arange(8)}

@@ -81,11 +81,11 @@ NOT_TESTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """How one file runs: CPU devices, arguments, time limit (seconds); ``tpu_only``: the file checks nothing
-    off a TPU (it exits 0 on CPU), so its pass counts as a skip; ``known``: the reason of failures whose error
-    does not name one (found by reading the test)."""
+    """How one file runs: CPU devices (None: :func:`setting_for` decides), arguments, time limit (seconds);
+    ``tpu_only``: the file checks nothing off a TPU (it exits 0 on CPU), so its pass counts as a skip;
+    ``known``: the reason of failures whose error does not name one (found by reading the test)."""
 
-    devices: int = 4
+    devices: int | None = None
     args: tuple[str, ...] = ()
     timeout: int = 240
     tpu_only: bool = False
@@ -93,10 +93,25 @@ class Setting:
 
 
 _TPU_ONLY = Setting(tpu_only=True)
-# torch_xla's CI runs its test files with 1 or 4 CPU devices (test/run_tests.sh); 4 exercises more of the
-# multi-device paths. The examples train for hundreds of steps by default: a few show that a step works.
+# CPU devices: what torch_xla's CI gives each file on CPU (test/run_tests.sh: 1, and 4 for the files it runs with
+# run_test_multi_devices), except that the multi-process tests and the examples get 4 replicas (with 1 they
+# would check nothing) and test_devices.py gets the 4 it asks for (it sets CPU_NUM_DEVICES itself, after
+# lazyxla has read it). The examples train for hundreds of steps by default: a few show that a step works.
+MULTI_DEVICE = (
+    "examples/*",
+    "test/test_mp_*.py",
+    "test/torch_distributed/*",
+    "test/test_devices.py",
+    "test/spmd/test_dtensor_integration3.py",
+    "test/spmd/test_dtensor_convert_mesh.py",
+    "test/spmd/test_xla_dtensor_spec_conversion.py",
+    "test/spmd/test_dtensor_redistribute.py",
+    "test/spmd/test_xla_sharded_tensor.py",
+)
 SETTINGS = {
-    "examples/train_decoder_only_base.py": Setting(args=("--num-steps", "3")),
+    "examples/train_decoder_only_base.py": Setting(
+        args=("--num-steps", "3", "--hidden-size", "64", "--intermediate-size", "128")
+    ),
     "examples/train_resnet_base.py": Setting(timeout=120),
     "test/test_mp_all_gather.py": _TPU_ONLY,
     "test/test_mp_all_to_all.py": _TPU_ONLY,
@@ -116,6 +131,20 @@ SETTINGS = {
     "test/spmd/test_sharding_strategies.py": Setting(args=("--batch_size", "64", "--embedding_dimension", "32")),
 }
 DEFAULT = Setting()
+
+
+def setting_for(rel: str) -> Setting:
+    """How file ``rel`` runs: its ``SETTINGS`` entry, with the device count of ``MULTI_DEVICE`` (4, else 1).
+
+    Example::
+
+        setting_for("test/spmd/test_xla_sharding.py").devices      # 1, as in torch_xla's CI
+    """
+    setting = SETTINGS.get(rel, DEFAULT)
+    if setting.devices is None:
+        four = any(fnmatch.fnmatch(rel, pattern) for pattern in MULTI_DEVICE)
+        setting = dataclasses.replace(setting, devices=4 if four else 1)
+    return setting
 
 
 @dataclasses.dataclass
@@ -230,9 +259,11 @@ def run_file(src: Path, rel: str, setting: Setting) -> dict:
 
     Example::
 
-        row = run_file(src, "test/test_devices.py", DEFAULT)
+        row = run_file(src, "test/test_devices.py", setting_for("test/test_devices.py"))
     """
     path = src / rel
+    if setting.devices is None:
+        setting = dataclasses.replace(setting, devices=setting_for(rel).devices)
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "record.jsonl"
         cmd = [sys.executable, "-m", "lazyxla.tools.torch_xla_suite_child", str(record), str(path), *setting.args]
@@ -385,11 +416,11 @@ def main(argv: list[str] | None = None) -> None:
     src = Path(args.src).resolve()
     files = select(src, args.keys)
     if args.list:
-        print("\n".join(f"{f}  {SETTINGS.get(f, DEFAULT)}" for f in files))
+        print("\n".join(f"{f}  {setting_for(f)}" for f in files))
         return
     rows = []
     for i, rel in enumerate(files, 1):
-        row = run_file(src, rel, SETTINGS.get(rel, DEFAULT))
+        row = run_file(src, rel, setting_for(rel))
         rows.append(row)
         c = collections.Counter(case["outcome"] for case in row["cases"])
         print(f"[{i}/{len(files)}] {rel}: {dict(c)} in {row['seconds']:.0f}s", flush=True)
