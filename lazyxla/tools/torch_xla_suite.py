@@ -75,7 +75,17 @@ PATTERNS = (
 )
 NOT_TESTS = {
     "examples/decoder_only_model.py": "a model module the examples import",
+    "examples/scan/decoder_with_scan.py": "a model class train_decoder_only_base.py takes (VARIANTS)",
     "test/spmd/test_xla_sharding_base.py": "the base class of the SPMD tests",
+}
+
+
+# Runs of a file with other arguments, named as the results call them: name -> (file, arguments before SETTINGS').
+VARIANTS = {
+    "examples/train_decoder_only_base.py scan.decoder_with_scan.DecoderWithScan": (
+        "examples/train_decoder_only_base.py",
+        ("scan.decoder_with_scan.DecoderWithScan",),
+    ),
 }
 
 
@@ -110,6 +120,9 @@ MULTI_DEVICE = (
 )
 SETTINGS = {
     "examples/train_decoder_only_base.py": Setting(
+        args=("--num-steps", "3", "--hidden-size", "64", "--intermediate-size", "128")
+    ),
+    "examples/train_decoder_only_base.py scan.decoder_with_scan.DecoderWithScan": Setting(
         args=("--num-steps", "3", "--hidden-size", "64", "--intermediate-size", "128")
     ),
     "examples/train_resnet_base.py": Setting(timeout=120),
@@ -171,7 +184,7 @@ def select(src: Path, keys: list[str] | None = None) -> list[str]:
             rel = path.relative_to(src).as_posix()
             if rel not in NOT_TESTS and path.name != "__init__.py" and not path.name.startswith("args_parse"):
                 seen[rel] = None
-    files = list(seen)
+    files = list(seen) + [name for name, (file, _) in VARIANTS.items() if (src / file).exists()]
     if keys:
         files = [f for f in files if any(k in f or fnmatch.fnmatch(f, k) for k in keys)]
     return files
@@ -261,12 +274,14 @@ def run_file(src: Path, rel: str, setting: Setting) -> dict:
 
         row = run_file(src, "test/test_devices.py", setting_for("test/test_devices.py"))
     """
-    path = src / rel
+    file, args = VARIANTS.get(rel, (rel, ()))
+    path = src / file
     if setting.devices is None:
         setting = dataclasses.replace(setting, devices=setting_for(rel).devices)
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "record.jsonl"
-        cmd = [sys.executable, "-m", "lazyxla.tools.torch_xla_suite_child", str(record), str(path), *setting.args]
+        child = [sys.executable, "-m", "lazyxla.tools.torch_xla_suite_child", str(record), str(path)]
+        cmd = [*child, *args, *setting.args]
         # examples/<topic>/*.py import the models in examples/ as torch_xla's README runs them: from examples/
         folders = (str(src / "examples"),) if rel.startswith("examples/") else ()
         rc, output, seconds = _run_process(cmd, path.parent, _child_env(setting.devices, folders), setting.timeout)
