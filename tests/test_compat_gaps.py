@@ -116,11 +116,16 @@ def _replica_results(folder) -> dict[int, dict]:
     return {row["rank"]: row for row in rows}
 
 
-def test_differentiable_collectives_under_two_replicas(tmp_path):
-    script = tmp_path / "functions_2.py"
-    script.write_text(FUNCTIONS_SCRIPT)
-    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=300, CPU_NUM_DEVICES="2")
+def _lazyxla_run(tmp_path, name: str, text: str, devices: int, timeout: int):
+    """``python -m lazyxla.run`` of the script ``text`` over ``devices`` CPU devices; it must exit 0."""
+    (tmp_path / name).write_text(text)
+    proc = run_python(["-m", "lazyxla.run", name], tmp_path, timeout=timeout, CPU_NUM_DEVICES=str(devices))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    return proc
+
+
+def test_differentiable_collectives_under_two_replicas(tmp_path):
+    proc = _lazyxla_run(tmp_path, "functions_2.py", FUNCTIONS_SCRIPT, devices=2, timeout=300)
     results = _replica_results(tmp_path)
     assert sorted(results) == [0, 1], proc.stdout[-2000:]
     for r, res in results.items():
@@ -356,10 +361,8 @@ print("ok")
 
 
 def test_mp_device_loader_takes_a_sharding_per_dict_key_and_mark_sharding_function(tmp_path):
-    script = tmp_path / "input_sharding_dict.py"
-    script.write_text(INPUT_SHARDING_DICT)
-    proc = run_python(["-m", "lazyxla.run", str(script)], tmp_path, timeout=180, CPU_NUM_DEVICES="4")
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = _lazyxla_run(tmp_path, "input_sharding_dict.py", INPUT_SHARDING_DICT, devices=4, timeout=180)
+    assert proc.stdout.strip() == "ok", proc.stdout[-2000:]
 
 
 # --- torch_xla.debug.profiler -------------------------------------------------------------------------

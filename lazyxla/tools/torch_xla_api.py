@@ -214,19 +214,19 @@ def _cell(names: list[tuple[str, str]], kind: str) -> str:
     return "; ".join(f"{', '.join(ns)} ({note})" if note else ", ".join(ns) for note, ns in notes.items())
 
 
-def update_doc(text: str, doc: Path = DOC) -> None:
-    """Put ``text`` between the API markers of ``doc``.
+def write_section(doc: Path, begin: str, end: str, text: str) -> None:
+    """Replace what lies between the markers ``begin`` and ``end`` in ``doc`` with ``text``.
 
     Example::
 
-        update_doc(markdown(table(src)))
+        write_section(DOC, BEGIN, END, markdown(table(src)))
     """
     content = doc.read_text(encoding="utf-8")
-    if BEGIN not in content or END not in content:
-        raise SystemExit(f"{doc} has no {BEGIN} ... {END} section to update")
-    head, rest = content.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write(doc, f"{head}{BEGIN}\n{text}\n{END}{tail}".encode())
+    if begin not in content or end not in content:
+        raise SystemExit(f"{doc} has no {begin} ... {end} section to update")
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    atomic_write(doc, f"{head}{begin}\n{text}\n{end}{tail}".encode())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("set TORCH_XLA_SRC (or --src) to a pytorch/xla checkout holding torch_xla/")
     text = markdown(table(Path(args.src)))
     if args.update_doc:
-        update_doc(text)
+        write_section(DOC, BEGIN, END, text)
     else:
         print(text)
 

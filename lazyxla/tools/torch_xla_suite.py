@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from lazyxla.tools import torch_xla_suite_reasons as reasons
+from lazyxla.tools.torch_xla_api import write_section
 from lazyxla.util import atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -383,12 +384,7 @@ def update_doc(data: dict, doc: Path = DOC) -> None:
 
         update_doc(json.loads(RESULTS.read_text()))
     """
-    text = doc.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{doc} has no {BEGIN} ... {END} section to update")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write(doc, f"{head}{BEGIN}\n{markdown(data)}\n{END}{tail}".encode())
+    write_section(doc, BEGIN, END, markdown(data))
 
 
 def _source_commit(src: Path) -> str:
