@@ -142,7 +142,13 @@ SETTINGS = {
     ),
     "test/pjrt/test_profiler.py": Setting(known="checks the trace names of torch_xla's C++ runtime"),
     "test/test_mp_sync_batch_norm.py": Setting(known=reasons.XLA_DEVICE),  # `batch.device.type == 'xla'` picks the path
-    "test/spmd/test_sharding_strategies.py": Setting(args=("--batch_size", "64", "--embedding_dimension", "32")),
+    "test/spmd/test_sharding_strategies.py": Setting(
+        devices=4, args=("--batch_size", "64", "--embedding_dimension", "32")
+    ),
+    "test/spmd/test_spmd_graph_dump.py": Setting(known="checks torch_xla's IR/HLO dump files (XLA_SAVE_TENSORS_FILE)"),
+    "test/spmd/test_xla_spmd_python_api_interaction.py": Setting(
+        known="xr.is_spmd() reads XLA_USE_SPMD in torch_xla; lazyxla's answers whether SPMD is on"
+    ),
 }
 DEFAULT = Setting()
 

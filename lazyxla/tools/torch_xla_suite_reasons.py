@@ -23,7 +23,7 @@ _XLA_NAMED = "|".join(
         "device string: xla",
         r"Expected one of .* device type",
         "'xla'",
-        r"xla:\d",
+        r"(?<!lazy)xla:\d",
     )
 )
 XLAC = "needs torch_xla._XLAC (C++ internals)"
@@ -35,6 +35,8 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"No module named 'torchvision'", "needs torchvision (not installed)"),
     (r"No module named 'absl'", "needs absl-py (pip install absl-py)"),
     (r"_XLAC", XLAC),
+    (r"is not supported by lazyxla's torch_xla compatibility layer", "raises NotImplementedError in the layer"),
+    (r"'_OpNamespace' 'xla'", "needs torch_xla's custom ops (torch.ops.xla.*)"),
     (r"torch_xla\._internal|_internal\.(pjrt|tpu|rendezvous)", "needs torch_xla._internal (private helpers)"),
     (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
     (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
@@ -46,7 +48,6 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"fsdp|FullyShardedDataParallel|zero_redundancy|ZeroRedundancy", "needs FSDP / ZeRO-1 (issue 17 point 2)"),
     (r"No module named '(requests|datasets|transformers)'", "needs a package the suite's environment lacks"),
     (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
-    (r"NotImplementedError", "raises NotImplementedError in the layer"),
 )
 OTHER = "other (see the case's error)"
 
