@@ -356,6 +356,15 @@ y = xss.MarkShardingFunction.apply(x * 2, mesh, ("data", None))
 assert lazyxla.spmd.get_sharding(y)[1] == ("data", None) and lazyxla.spmd.get_sharding(x) is None
 (y * y).sum().backward()
 assert torch.allclose(x.grad.cpu(), 8 * x.detach().cpu())
+# torch.distributed's "xla" backend is not for SPMD mode, as in torch_xla
+import torch.distributed as dist
+import torch_xla.distributed.xla_backend
+try:
+    dist.init_process_group("xla", init_method="xla://")
+except AssertionError as e:
+    assert "SPMD" in str(e), e
+else:
+    raise AssertionError("the xla backend started in SPMD mode")
 print("ok")
 """
 

@@ -222,6 +222,9 @@ def _child_env(devices: int, folders: tuple[str, ...] = ()) -> dict[str, str]:
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *folders, *extra, *inherited])
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONUNBUFFERED="1")
+    # every run compiles what it runs, as torch_xla does (lazyxla's disk cache would serve earlier runs' programs,
+    # and a program loaded from disk has no CompileTime sample)
+    env["LAZYXLA_PERSISTENT_CACHE"] = "0"
     return env
 
 
@@ -401,12 +404,13 @@ def _source_commit(src: Path) -> str:
     return out.stdout.strip()[:12] or os.environ.get("TORCH_XLA_SRC_COMMIT", "unknown")
 
 
-def _merge(previous: dict | None, rows: list[dict]) -> list[dict]:
-    """Rows of this run replace those of the same file in the previous results (a partial re-run)."""
+def _merge(previous: dict | None, rows: list[dict], selected: list[str]) -> list[dict]:
+    """Rows of this run replace those of the same file in the previous results (a partial re-run); rows of
+    files no longer ``selected`` are dropped."""
     if previous is None:
         return rows
     new = {r["file"]: r for r in rows}
-    merged = [new.pop(r["file"], r) for r in previous["files"]]
+    merged = [new.pop(r["file"], r) for r in previous["files"] if r["file"] in selected]
     return merged + list(new.values())
 
 
@@ -441,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         c = collections.Counter(case["outcome"] for case in row["cases"])
         print(f"[{i}/{len(files)}] {rel}: {dict(c)} in {row['seconds']:.0f}s", flush=True)
-    merged = _merge(previous if args.keys else None, rows)
+    merged = _merge(previous if args.keys else None, rows, select(src))
     data = {
         "finished": time.strftime("%Y-%m-%d"),
         "source_commit": _source_commit(src),
