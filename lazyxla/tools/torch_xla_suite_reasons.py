@@ -45,7 +45,10 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"launched with torchrun", TORCHRUN),
     (r"marked as skipped|backend='openxla'|openxla|dynamo_bridge", OPENXLA),
     (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
-    (r"fsdp|FullyShardedDataParallel|zero_redundancy|ZeroRedundancy", "needs FSDP / ZeRO-1 (issue 17 point 2)"),
+    (
+        r"fsdp|FullyShardedDataParallel|fully_sharded|zero_redundancy|ZeroRedundancy|utils\.checkpoint",
+        "needs FSDP / ZeRO-1 / gradient checkpointing (issue 17 point 2)",
+    ),
     (r"No module named '(requests|datasets|transformers)'", "needs a package the suite's environment lacks"),
     (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
 )
