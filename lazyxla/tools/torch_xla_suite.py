@@ -106,8 +106,9 @@ class Setting:
 _TPU_ONLY = Setting(tpu_only=True)
 # CPU devices: what torch_xla's CI gives each file on CPU (test/run_tests.sh: 1, and 4 for the files it runs with
 # run_test_multi_devices), except that the multi-process tests and the examples get 4 replicas (with 1 they
-# would check nothing) and test_devices.py gets the 4 it asks for (it sets CPU_NUM_DEVICES itself, after
-# lazyxla has read it). The examples train for hundreds of steps by default: a few show that a step works.
+# would check nothing), test_devices.py gets the 4 it asks for (it sets CPU_NUM_DEVICES itself, after
+# lazyxla has read it) and spmd/test_mp_input_sharding.py 4 (each of its cases needs several devices: torch_xla
+# runs it on TPUs). The examples train for hundreds of steps by default: a few show that a step works.
 MULTI_DEVICE = (
     "examples/*",
     "test/test_mp_*.py",
@@ -118,6 +119,7 @@ MULTI_DEVICE = (
     "test/spmd/test_xla_dtensor_spec_conversion.py",
     "test/spmd/test_dtensor_redistribute.py",
     "test/spmd/test_xla_sharded_tensor.py",
+    "test/spmd/test_mp_input_sharding.py",
 )
 SETTINGS = {
     "examples/train_decoder_only_base.py": Setting(
