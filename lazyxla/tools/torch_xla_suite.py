@@ -134,6 +134,8 @@ SETTINGS = {
     "test/test_mp_collective_matmul.py": _TPU_ONLY,
     "test/test_mp_collective_permute.py": _TPU_ONLY,
     "test/test_mp_distributed_mm.py": _TPU_ONLY,
+    "test/test_zero1.py": _TPU_ONLY,
+    "test/test_fsdp_auto_wrap.py": _TPU_ONLY,
     "test/test_mp_early_exit.py": Setting(known=reasons.TORCHRUN),
     "test/pjrt/test_torchrun.py": Setting(known=reasons.TORCHRUN),
     "test/test_mp_reduce_scatter.py": Setting(known="needs xm.reduce_scatter(output=...) (issue 17 point 5)"),
@@ -312,8 +314,11 @@ def run_file(src: Path, rel: str, setting: Setting) -> dict:
         cases = [Case(rel, outcome, "" if rc == 0 else why)]
     elif rc != 0:
         cases += _unreached(static, cases, stop, why)
+    elif not cases:  # exited 0 having run none of its cases (they run inside replicas on a TPU only)
+        outcome = "skipped" if setting.tpu_only else "not run"
+        cases = [Case(m, outcome, "the file ran none of its cases") for m in static]
     for i, c in enumerate(cases):
-        if c.outcome == "passed" and setting.tpu_only:
+        if c.outcome in ("passed", "skipped") and setting.tpu_only:
             c.outcome, c.reason = "skipped", "its checks run on a TPU only: on CPU it exits having checked nothing"
         elif c.outcome not in ("passed", "xfail"):
             c.reason = _reason(c.detail, output if i >= recorded else "", setting)
