@@ -96,7 +96,7 @@ def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
 
 
 def _to_device(t: torch.Tensor, device: int):
-    with metrics.timer("transfer"):
+    with metrics.timer("transfer", also="transfer_to_device"):
         return devices.to_device(t, device)
 
 

@@ -43,7 +43,7 @@ def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "
         return value.clone() if dtype is None or dtype == value.dtype else value.to(dtype)
     arr = _materialize(t, reason)
     metrics.inc("device_to_host")
-    with metrics.timer("transfer"):
+    with metrics.timer("transfer", also="transfer_from_device"):
         out = devices.to_host(arr, t.dtype)
     return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
@@ -139,6 +139,7 @@ def _random_bounds_checked(func):
 
 
 def _local_scalar_dense(x):
+    metrics.inc("scalar_reads")  # torch_xla users read it as the aten::_local_scalar_dense counter
     return lazy_to_cpu(x, reason=".item()").item()  # a known value: no sync
 
 

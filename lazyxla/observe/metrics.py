@@ -23,6 +23,7 @@ _BASE = (
     "syncs",
     "ops_recorded",
     "data_dependent_syncs",
+    "scalar_reads",
 )
 _counters: collections.Counter = collections.Counter()
 _timers: dict[str, list[float]] = collections.defaultdict(list)
@@ -41,14 +42,19 @@ def set_annotations(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def timer(name: str) -> Iterator[None]:
+def timer(name: str, also: str | None = None) -> Iterator[None]:
+    """Time the block under ``name`` (and, if given, under ``also`` too: a finer name for the same span, e.g.
+    a transfer's direction, without a second profile span)."""
     span = _span(name) if _annotate[0] else contextlib.nullcontext()
     with span:
         start = time.perf_counter()
         try:
             yield
         finally:
-            _timers[name].append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            _timers[name].append(elapsed)
+            if also is not None:
+                _timers[also].append(elapsed)
 
 
 def _span(name: str):
@@ -61,7 +67,8 @@ def counters() -> dict[str, int]:
     Always has ``compiles``, ``cache_hits``, ``persistent_cache_hits``, ``persistent_cache_misses``,
     ``executions``, ``nodes_executed`` (IR nodes in the programs run, summed: the size of the work each
     sync sends), ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
-    ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count), plus
+    ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count),
+    ``scalar_reads`` (host reads of a one-element tensor's value: ``.item()``, ``bool(t)``, ``if t:``), plus
     one ``fallback.<op>`` entry per op that ran on the CPU.
 
     ``compiles`` counts the programs this process had to build because its in-memory cache did not
@@ -86,7 +93,9 @@ def counters() -> dict[str, int]:
 def timers() -> dict[str, dict[str, float]]:
     """Per timer (``trace``, ``lower``, ``compile``, ``execute``, ...): count, total, median and max seconds.
 
-    ``compile`` times XLA compiles and loads from the persistent compilation cache alike.
+    ``compile`` times XLA compiles and loads from the persistent compilation cache alike; ``transfer`` times
+    host-to-device and device-to-host copies, also counted apart as ``transfer_to_device`` and
+    ``transfer_from_device``.
 
     Example::
 

@@ -27,6 +27,7 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, unsupported
 from lazyxla.config import foreign_env
+from lazyxla.observe import metrics
 
 __version__ = f"2.8.0+lazyxla{lazyxla.__version__}"
 """The torch_xla API level this layer follows (PJRT era), tagged with lazyxla's version."""
@@ -87,22 +88,44 @@ def sync(wait: bool = False, reset_scope: bool = True) -> None:
     xm.mark_step(wait=wait)
 
 
+def _count_mark_step() -> None:
+    metrics.inc("mark_steps")  # torch_xla's MarkStep counter (torch_xla.debug.metrics)
+
+
+def _sync_after_error() -> None:
+    """torch_xla runs what a failed region recorded; an error from that run is left to the next host read
+    (the graph stays pending, see lazyxla's failure model) so that the region's exception is the one raised."""
+    try:
+        lazyxla.sync()
+        xm._run_step_closures()
+    except Exception:  # noqa: BLE001 - the region's own exception is already propagating
+        pass
+
+
 class _Region:
-    """A ``lazyxla.compile`` region that runs the step closures after its final sync."""
+    """A ``lazyxla.compile`` region with torch_xla's step markers: entering it marks a step (the pending work
+    runs), leaving it marks another, also when the block raised (then a failure of that last run does not hide
+    the block's own exception); each runs the step closures and counts in ``MarkStep``."""
 
     def __init__(self, region: lazyxla.compile) -> None:
         self._region = region
 
     def __enter__(self) -> _Region:
-        self._region.__enter__()
+        self._region.__enter__()  # syncs what is pending first
+        _count_mark_step()
+        xm._run_step_closures()
         return self
 
     def __exit__(self, kind, value, tb):
         try:
-            return self._region.__exit__(kind, value, tb)
+            return self._region.__exit__(kind, value, tb)  # syncs the region's work when the block succeeded
         finally:
+            _count_mark_step()
             if kind is None:
                 xm._run_step_closures()
+            else:
+                _sync_after_error()
+
 
     def __call__(self, fn: Callable) -> Callable:
         """``@torch_xla.compile()``: the region as a decorator."""

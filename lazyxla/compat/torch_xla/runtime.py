@@ -189,7 +189,7 @@ def use_spmd(auto: bool = False) -> None:
     """Turn SPMD mode on (``lazyxla.spmd.enable()``): the device stands for every device of the run and
     ``xs.mark_sharding`` annotations drive XLA's partitioner. Call it before any tensor is on the device
     (lazyxla raises otherwise; torch_xla would replicate the existing tensors). ``auto=True``
-    (auto-sharding) is not supported.
+    (auto-sharding) is not supported. Sets ``XLA_USE_SPMD=1`` in the environment, as torch_xla does.
 
     Example::
 
@@ -202,6 +202,7 @@ def use_spmd(auto: bool = False) -> None:
         lazyxla.spmd.enable()
     except RuntimeError as e:
         raise RuntimeError(f"torch_xla.runtime.use_spmd: {e}") from None
+    os.environ["XLA_USE_SPMD"] = "1"  # as torch_xla does: scripts read it (lazyxla itself does not)
 
 
 def is_spmd() -> bool:

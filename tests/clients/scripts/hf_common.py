@@ -44,6 +44,13 @@ def compiled():
     return (met.counter_value("UncachedCompile") or 0) if met is not None else None
 
 
+# torch_xla counts each host read of a value (`.item()`, which the Trainer's logging does) as this fallback; it
+# reads a computed value, it is no op run on the CPU instead of the device
+HOST_READ = "aten::_local_scalar_dense"
+
+
 def cpu_ops():
-    """The ops that ran on the CPU instead of the device (torch_xla's ``aten::`` counters)."""
-    return sorted(n for n in met.counter_names() if n.startswith("aten::")) if met is not None else []
+    """The ops that ran on the CPU instead of the device (torch_xla's ``aten::`` counters but host reads)."""
+    if met is None:
+        return []
+    return sorted(n for n in met.counter_names() if n.startswith("aten::") and n != HOST_READ)

@@ -2,25 +2,30 @@
 
 torch_xla's best-known names are mapped onto lazyxla's (``lazyxla.metrics.counters()`` / ``timers()``):
 
-=========================  ==================================================================
-torch_xla name             lazyxla source
-=========================  ==================================================================
-``CachedCompile``          counter ``cache_hits``
-``UncachedCompile``        counter ``compiles``
-``MarkStep``               counter ``mark_steps`` (calls of ``xm.mark_step``/``torch_xla.sync``)
-``ExecuteComputation``     counter ``executions``
-``aten::<op>``             counter ``fallback.aten.<op>.<overload>`` (ops run on the CPU)
-``CompileTime``            timer ``compile``
-``ExecuteTime``            timer ``execute``
-``TransferToDeviceTime``   timer ``transfer`` (both directions: lazyxla has one transfer timer)
-``TransferFromDeviceTime`` timer ``transfer``
-``TraceTime``              timer ``trace``
-=========================  ==================================================================
+=============================  ================================================================
+torch_xla name                 lazyxla source
+=============================  ================================================================
+``CachedCompile``              counter ``cache_hits``
+``UncachedCompile``            counter ``compiles``
+``MarkStep``                   counter ``mark_steps`` (``xm.mark_step``, ``torch_xla.sync``, each
+                               ``torch_xla.step()``/``compile()`` region twice: entry and exit)
+``ExecuteComputation``         counter ``executions``
+``aten::_local_scalar_dense``  counter ``scalar_reads`` (``.item()``, ``if t:``: a host read)
+``aten::<op>``                 counter ``fallback.aten.<op>.<overload>`` (ops run on the CPU)
+``CompileTime``                timer ``compile``
+``ExecuteTime``                timer ``execute`` (dispatch: lazyxla runs programs asynchronously)
+``TransferToDeviceTime``       timer ``transfer_to_device``
+``TransferFromDeviceTime``     timer ``transfer_from_device``
+``TraceTime``                  timer ``trace``
+=============================  ================================================================
 
-lazyxla's own names (``compiles``, ``host_to_device``, ``lower``, ...) are listed and readable too. As in
-torch_xla, ``counter_names()`` lists only counters above zero and ``counter_value`` of a counter that
-never counted is None; ``metric_data`` is ``(total_samples, accumulator, samples)`` with times in
-nanoseconds (lazyxla keeps no sample timestamps: a sample's "time" is its index).
+lazyxla's own names (``compiles``, ``host_to_device``, ``lower``, ...) are listed and readable too; the
+counters and metrics of torch_xla's C++ runtime that have no lazyxla counterpart (``CreateXlaTensor``,
+``TensorToData``, ...) are absent rather than made up. As in torch_xla, ``counter_names()`` lists only
+counters above zero and ``counter_value`` of a counter that never counted is None; ``metric_data`` is
+``(total_samples, accumulator, samples)`` with times in nanoseconds (lazyxla keeps no sample timestamps: a
+sample's "time" is its index). ``metrics_report()`` and ``short_metrics_report()`` are in torch_xla's
+layout, which ``torch_xla.debug.metrics_compare_utils`` parses.
 
 Example::
 
@@ -42,6 +47,7 @@ __all__ = [
     "clear_metrics",
     "counter_names",
     "counter_value",
+    "executed_fallback_ops",
     "metric_data",
     "metric_names",
     "metrics_report",
@@ -53,12 +59,13 @@ _COUNTERS = {
     "UncachedCompile": "compiles",
     "ExecuteComputation": "executions",
     "MarkStep": "mark_steps",
+    "aten::_local_scalar_dense": "scalar_reads",
 }
 _METRICS = {
     "CompileTime": "compile",
     "ExecuteTime": "execute",
-    "TransferToDeviceTime": "transfer",
-    "TransferFromDeviceTime": "transfer",
+    "TransferToDeviceTime": "transfer_to_device",
+    "TransferFromDeviceTime": "transfer_from_device",
     "TraceTime": "trace",
 }
 
@@ -159,46 +166,91 @@ def clear_all() -> None:
     lazyxla.metrics.reset()
 
 
+_PERCENTILES = (1, 5, 10, 20, 50, 80, 90, 95, 99)
+
+
+def _duration(ns: float) -> str:
+    """A duration in torch_xla's notation: ``01m29s615ms``, ``041ms146.000us`` (leading zero units left out)."""
+    us = ns / 1e3
+    whole_ms, us = divmod(us, 1e3)
+    whole_s, ms = divmod(int(whole_ms), 1000)
+    minutes, s = divmod(whole_s, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [(days, "%02dd"), (hours, "%02dh"), (minutes, "%02dm"), (s, "%02ds"), (ms, "%03dms")]
+    while parts and parts[0][0] == 0:
+        parts.pop(0)
+    return "".join(fmt % value for value, fmt in parts) + f"{us:.3f}us"
+
+
+def _metric_block(name: str) -> list[str]:
+    data = metric_data(name)
+    if data is None:
+        return []
+    count, total, samples = data
+    values = sorted(v for _, v in samples)
+    ranks = [values[min(len(values) - 1, len(values) * p // 100)] for p in _PERCENTILES]
+    percentiles = "; ".join(f"{p}%={_duration(v)}" for p, v in zip(_PERCENTILES, ranks))
+    return [
+        f"Metric: {name}",
+        f"  TotalSamples: {count}",
+        f"  Accumulator: {_duration(total)}",
+        f"  Percentiles: {percentiles}",
+    ]
+
+
+def _counter_block(name: str, counters: dict[str, int]) -> list[str]:
+    return [f"Counter: {name}", f"  Value: {counters[name]}"] if counters.get(name) else []
+
+
+def _report(metric_list: list[str], counter_list: list[str]) -> str:
+    counters = _all_counters()
+    lines = [line for name in metric_list for line in _metric_block(name)]
+    lines += [line for name in counter_list for line in _counter_block(name, counters)]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def metrics_report() -> str:
-    """lazyxla's full report (``lazyxla.metrics.report()``: counters, timers, sync triggers).
+    """Every metric with samples and every counter above zero, in torch_xla's layout (``Metric:`` blocks with
+    ``TotalSamples``, ``Accumulator`` and ``Percentiles``, then ``Counter:`` blocks with ``Value``): torch_xla's
+    names first, then lazyxla's own.
 
     Example::
 
         print(met.metrics_report())
     """
-    return lazyxla.metrics.report()
+    return _report(metric_names(), counter_names())
+
+
+def executed_fallback_ops() -> list[str]:
+    """The ops that ran outside the device program since the counters were cleared, as torch_xla names them
+    (``aten::nonzero``): ops that fell back to the CPU, and ``aten::_local_scalar_dense`` for host reads of a
+    value (``.item()``).
+
+    Example::
+
+        assert met.executed_fallback_ops() == []      # everything ran on the device
+    """
+    return sorted(name for name, value in _all_counters().items() if name.startswith("aten::") and value > 0)
 
 
 def short_metrics_report(counter_names: list | None = None, metric_names: list | None = None) -> str:
-    """A report of a few counters and metrics in torch_xla's layout (defaults: ``CachedCompile``,
-    ``MarkStep``; ``CompileTime``, ``ExecuteTime``, ``TransferToDeviceTime``, ``TransferFromDeviceTime``),
-    plus every ``aten::`` counter (ops that ran on the CPU).
+    """A report of a few metrics and counters in torch_xla's layout (defaults: ``CompileTime``, ``ExecuteTime``,
+    ``ExecuteReplicatedTime``, ``TransferToDeviceTime``, ``TransferFromDeviceTime``; ``CachedCompile``,
+    ``MarkStep``, ``DynamoSyncInputExecuteTime``), plus every ``aten::`` counter (ops that ran outside the
+    device program). Names without samples are left out.
 
     Example::
 
         print(met.short_metrics_report())
     """
-    counter_names = counter_names or ["CachedCompile", "MarkStep"]
-    metric_names = metric_names or ["CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"]
-    lines = []
-    for name in metric_names:
-        data = metric_data(name)
-        if data is None:
-            continue
-        count, total, samples = data
-        values = sorted(v for _, v in samples)
-        lines += [
-            f"Metric: {name}",
-            f"  TotalSamples: {count}",
-            f"  Accumulator: {total / 1e6:.3f}ms",
-            f"  Percentiles: 50%={values[len(values) // 2] / 1e6:.3f}ms; 100%={values[-1] / 1e6:.3f}ms",
-        ]
-    counters = _all_counters()
-    names = list(counter_names) + [n for n in counters if n.startswith("aten::") and n not in counter_names]
-    for name in names:
-        if counters.get(name):
-            lines += [f"Counter: {name}", f"  Value: {counters[name]}"]
-    return "\n".join(lines) + ("\n" if lines else "")
+    counter_names = list(counter_names or ["CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"])
+    metric_names = list(
+        metric_names
+        or ["CompileTime", "ExecuteTime", "ExecuteReplicatedTime", "TransferToDeviceTime", "TransferFromDeviceTime"]
+    )
+    counter_names += [n for n in executed_fallback_ops() if n not in counter_names]
+    return _report(metric_names, counter_names)
 
 
 def __getattr__(name: str):

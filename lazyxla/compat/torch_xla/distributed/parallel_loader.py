@@ -40,10 +40,40 @@ def _batch_size(batch, dim: int):
     return sizes[0] if sizes else None
 
 
+def _tensor_mover(device: torch.device, spec=None):
+    """CPU tensors to ``device``, laid out by the ``xs.ShardingSpec`` ``spec`` if given; others as they are."""
+    if spec is not None:
+        return lambda t: spec._move(t, device) if t.device.type == "cpu" else t
+    return lambda t: t.to(device, non_blocking=True) if t.device.type == "cpu" else t
+
+
+def _batch_mover(device: torch.device, input_sharding):
+    """The function that moves one batch to ``device``: every tensor with the one ``input_sharding``, or, for a
+    dict of shardings, each key's tensor with its own (as torch_xla: the batch must then be a dict, and a key
+    the dict does not name is a KeyError, unless the dict is empty: then nothing is sharded)."""
+    if not isinstance(input_sharding, dict):
+        move = _tensor_mover(device, input_sharding)
+        return lambda batch: map_tensors(batch, move)
+    movers = {key: _tensor_mover(device, spec) for key, spec in input_sharding.items()}
+    plain = _tensor_mover(device)
+
+    def move_dict(batch):
+        if not isinstance(batch, dict):
+            raise ValueError(
+                f"input batch should be a dict when input sharding is a dict; got a {type(batch).__name__}"
+            )
+        missing = [key for key in batch if movers and key not in movers]
+        if missing:
+            raise KeyError(f"Keys: {missing} are missing from input_sharding.")
+        return {key: map_tensors(value, movers.get(key, plain)) for key, value in batch.items()}
+
+    return move_dict
+
+
 class _Source:
-    """The wrapped loader's batches, padded to their bucket (``buckets``) and moved to the device (this runs in
-    DeviceLoader's thread); with ``fixed_batch_size`` it stops at the first batch whose size (after padding)
-    differs from the first one's."""
+    """The wrapped loader's batches, padded to their bucket (``buckets``) and moved to the device by ``move``
+    (this runs in DeviceLoader's thread); with ``fixed_batch_size`` it stops at the first batch whose size
+    (after padding) differs from the first one's."""
 
     def __init__(self, loader: Iterable, move, fixed_batch_size: bool, batchdim: int, buckets=None) -> None:
         self.loader, self.move, self.fixed, self.batchdim = loader, move, fixed_batch_size, batchdim
@@ -63,7 +93,7 @@ class _Source:
                     first = size
                 elif size != first:
                     break
-            yield map_tensors(batch, self.move)
+            yield self.move(batch)
 
 
 class ParallelLoader:
@@ -71,7 +101,8 @@ class ParallelLoader:
 
     lazyxla drives one device per process, so ``devices`` holds one device (torch_xla's thread-per-device
     replication is ``xmp.spawn`` or SPMD here). ``device_prefetch_size`` batches are kept ready;
-    ``input_sharding`` (an ``xs.ShardingSpec``) lays batch tensors out in SPMD mode.
+    ``input_sharding`` (an ``xs.ShardingSpec``, or a dict of them for dict batches: one per key) lays batch
+    tensors out in SPMD mode.
     ``loader_prefetch_size`` and ``host_to_device_transfer_threads`` are accepted and unused.
     ``pad_to_buckets`` (lazyxla's, not torch_xla's: bucket lengths or a ``lazyxla.Buckets``) pads variable-length
     batches on the host to a few shapes, as ``lazyxla.DeviceLoader`` does.
@@ -104,14 +135,10 @@ class ParallelLoader:
                 f"{len(self._devices)} devices in one process",
                 "one device per process (xmp.spawn, or SPMD with xs.ShardingSpec)",
             )
-        device = self._devices[0]
-        if input_sharding is not None:
-            move = lambda t: input_sharding._move(t, device) if t.device.type == "cpu" else t
-        else:
-            move = lambda t: t.to(device, non_blocking=True) if t.device.type == "cpu" else t
+        move = _batch_mover(self._devices[0], input_sharding)
         source = _Source(loader, move, fixed_batch_size, batchdim, as_buckets(pad_to_buckets))
         self._device_loader = lazyxla.DeviceLoader(
-            source, device, prefetch=max(1, int(device_prefetch_size)), sync_each_step=False
+            source, self._devices[0], prefetch=max(1, int(device_prefetch_size)), sync_each_step=False
         )
         self._iterator = iter(self._device_loader)  # starts the background transfers, as torch_xla does
 

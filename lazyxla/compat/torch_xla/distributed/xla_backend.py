@@ -41,9 +41,17 @@ def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
     yield from _rendezvous.rendezvous(f"env://?{query}", **env_kwargs)
 
 
+def _create(*args, **kwargs):
+    """lazyxla's process group, for backend ``"xla"``; as in torch_xla, not in SPMD mode (one process drives
+    every device there: shardings, not replica collectives, say how values move)."""
+    if lazyxla.spmd.is_enabled():
+        raise AssertionError("the XLA backend of torch.distributed is not supported in SPMD mode")
+    return _process_group._create(*args, **kwargs)
+
+
 def _register() -> None:
     if "xla" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("xla", _process_group._create, devices=[torch_name()])
+        dist.Backend.register_backend("xla", _create, devices=[torch_name()])
     if not torch_private.has_rendezvous_handler("xla"):
         _rendezvous.register_rendezvous_handler("xla", _xla_rendezvous_handler)
 

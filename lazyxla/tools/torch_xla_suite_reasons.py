@@ -1,0 +1,88 @@
+"""Why a torch_xla test case fails under lazyxla: the reasons ``torch_xla_suite`` sorts failures into.
+
+Each reason is a pattern over the case's error (or, for a file that stopped before its cases ran, over the
+file's output) and a label. The first pattern that matches names the reason; ``REASONS`` is ordered from the
+most specific. Labels that name a point of issue 17 are work another part of the project owns; they are
+re-counted by re-running the suite once that work lands.
+
+Example::
+
+    classify("AttributeError: module 'torch_xla' has no attribute '_XLAC'", "")   # 'needs torch_xla._XLAC ...'
+"""
+
+from __future__ import annotations
+
+import re
+
+XLA_DEVICE = "needs the 'xla' device string (issue 17 point 1)"
+_XLA_NAMED = "|".join(
+    (
+        r"from the 'XLA' backend",
+        "support for xla devices",
+        "type='xla'",
+        "device string: xla",
+        r"Expected one of .* device type",
+        "'xla'",
+        r"(?<!lazy)xla:\d",
+    )
+)
+XLAC = "needs torch_xla._XLAC (C++ internals)"
+TORCHRUN = "must be launched by torchrun (the suite runs each file as a script)"
+OPENXLA = "needs torch.compile(backend='openxla') (issue 17 point 4)"
+EAGER = "needs torch_xla.experimental.eager_mode (issue 17 point 4)"
+
+REASONS: tuple[tuple[str, str], ...] = (
+    (r"No module named 'torchvision'", "needs torchvision (not installed)"),
+    (r"No module named 'absl'", "needs absl-py (pip install absl-py)"),
+    (r"_XLAC", XLAC),
+    (r"is not supported by lazyxla's torch_xla compatibility layer", "raises NotImplementedError in the layer"),
+    (r"'_OpNamespace' 'xla'", "needs torch_xla's custom ops (torch.ops.xla.*)"),
+    (r"torch_xla\._internal|_internal\.(pjrt|tpu|rendezvous)", "needs torch_xla._internal (private helpers)"),
+    (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
+    (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
+    (_XLA_NAMED, XLA_DEVICE),
+    (r"eager_mode|experimental\.eager|EagerOp|no attribute 'experimental'", EAGER),
+    (r"launched with torchrun", TORCHRUN),
+    (r"marked as skipped|backend='openxla'|openxla|dynamo_bridge", OPENXLA),
+    (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
+    (
+        r"fsdp|FullyShardedDataParallel|fully_sharded|zero_redundancy|ZeroRedundancy|utils\.checkpoint",
+        "needs FSDP / ZeRO-1 / gradient checkpointing (issue 17 point 2)",
+    ),
+    (r"No module named '(requests|datasets|transformers)'", "needs a package the suite's environment lacks"),
+    (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
+)
+OTHER = "other (see the case's error)"
+
+
+def classify(detail: str, output: str = "") -> str:
+    """The reason label for a failing case from its error ``detail``, else from the last traceback in the
+    file's ``output`` (a replica's traceback names what the parent's last line does not).
+
+    Example::
+
+        classify("ModuleNotFoundError: No module named 'torchvision'")   # 'needs torchvision (not installed)'
+    """
+    last = output.rfind("Traceback (most recent call last)")
+    for text in (detail, output[last:] if last >= 0 else ""):
+        for pattern, label in REASONS:
+            if text and re.search(pattern, text):
+                return label
+    return OTHER
+
+
+_ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*|^\w+Error$")
+
+
+def last_error(output: str) -> str:
+    """The last exception line of a process's output (``Type: message``), or its last non-empty line.
+
+    Example::
+
+        last_error("Traceback ...\\nValueError: bad shape\\n")   # 'ValueError: bad shape'
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line) and not line.endswith("raised:"):  # spawn's summary: the replica's error follows
+            return line[:500]
+    return lines[-1][:500] if lines else "(no output)"

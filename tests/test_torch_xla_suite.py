@@ -1,0 +1,132 @@
+"""The torch_xla yardstick tools: ``lazyxla.tools.torch_xla_suite`` (runs test files under ``lazyxla.run``
+and records each case) and ``lazyxla.tools.torch_xla_api`` (the API coverage table), on small files written
+here in torch_xla's style; pytorch/xla's own source is not needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+from lazyxla.tools import torch_xla_api as api
+from lazyxla.tools import torch_xla_suite as suite
+from lazyxla.tools import torch_xla_suite_reasons as reasons
+
+UNITTEST_FILE = """
+import sys, unittest
+import torch, torch_xla
+import torch_xla.core.xla_model as xm
+
+
+class Cases(unittest.TestCase):
+    def test_passes(self):
+        t = torch.ones(3, device=torch_xla.device()) * 2
+        self.assertEqual(t.cpu().tolist(), [2.0] * 3)
+
+    def test_fails(self):
+        self.assertEqual(1, 2)
+
+    def test_errors(self):
+        import torch_xla.no_such_module
+
+    @unittest.skip("not on CPU")
+    def test_skipped(self):
+        pass
+
+    def test_sub(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertLess(i, 2)
+
+
+if __name__ == "__main__":
+    test = unittest.main()
+"""
+
+
+def _source(tmp_path, files: dict[str, str]):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_each_case_of_a_unittest_file_is_recorded(tmp_path):
+    src = _source(tmp_path, {"test/test_fake.py": UNITTEST_FILE})
+    row = suite.run_file(src, "test/test_fake.py", suite.Setting(devices=1, timeout=180))
+    outcomes = {c["id"].split(".")[-1].split(" ")[0]: (c["outcome"], c["reason"]) for c in row["cases"]}
+    assert outcomes["test_passes"] == ("passed", "")
+    assert outcomes["test_fails"][0] == "failed" and outcomes["test_errors"][0] == "error"
+    assert outcomes["test_errors"][1] == "a torch_xla name the layer does not provide"
+    assert outcomes["test_skipped"][0] == "skipped"
+    assert outcomes["test_sub"][0] == "failed"  # the subtest i=2
+    s = suite.summarize([row])
+    assert (s["run"], s["passed"], s["skipped"]) == (4, 1, 1)
+
+
+def test_scripts_count_once_and_time_limits_hold(tmp_path):
+    src = _source(
+        tmp_path,
+        {
+            "test/test_mp_ok.py": "import torch_xla\nprint(torch_xla.device())\n",
+            "test/test_mp_bad.py": "import torch_xla.core.xla_model as xm\nxm.no_such_function()\n",
+            "test/test_mp_slow.py": "import time\ntime.sleep(60)\n",
+            "test/test_unit_broken.py": "import torch_xla._XLAC\nimport unittest\n"
+            "class T(unittest.TestCase):\n    def test_a(self): pass\n    def test_b(self): pass\n",
+        },
+    )
+    ok = suite.run_file(src, "test/test_mp_ok.py", suite.Setting(devices=1))
+    assert [c["outcome"] for c in ok["cases"]] == ["passed"]
+    tpu_only = suite.run_file(src, "test/test_mp_ok.py", suite.Setting(devices=1, tpu_only=True))
+    assert [c["outcome"] for c in tpu_only["cases"]] == ["skipped"]
+    bad = suite.run_file(src, "test/test_mp_bad.py", suite.Setting(devices=1, known="known reason"))
+    assert [(c["outcome"], c["reason"]) for c in bad["cases"]] == [
+        ("failed", "a torch_xla name the layer does not provide")
+    ]
+    slow = suite.run_file(src, "test/test_mp_slow.py", suite.Setting(devices=1, timeout=3))
+    assert [c["outcome"] for c in slow["cases"]] == ["timeout"] and slow["rc"] is None
+    broken = suite.run_file(src, "test/test_unit_broken.py", suite.Setting(devices=1))
+    assert [(c["id"], c["outcome"], c["reason"]) for c in broken["cases"]] == [
+        ("T.test_a", "not run", reasons.XLAC),
+        ("T.test_b", "not run", reasons.XLAC),
+    ]
+    table = suite.markdown({"finished": "today", "source_commit": "abc", "seconds": 60, "cpus": 2, "files": [ok, bad]})
+    assert "**1 of 2 test cases passed**" in table and "| `test/test_mp_bad.py` | 0 / 1 | 0 |" in table
+
+
+def test_reasons_come_from_the_error_then_the_last_traceback():
+    assert reasons.classify("RuntimeError: PyTorch is not linked with support for xla devices") == reasons.XLA_DEVICE
+    assert reasons.classify("AssertionError: 1 != 2") == reasons.OTHER
+    output = "noise TPU\nTraceback (most recent call last):\n  x\nModuleNotFoundError: No module named 'torchvision'\n"
+    assert reasons.classify("SpawnError: spawn: rank 1 raised:", output) == "needs torchvision (not installed)"
+    assert reasons.last_error("x\nValueError: bad\nSpawnError: rank 0 raised:\n") == "ValueError: bad"
+
+
+def test_api_table_reads_public_names_and_looks_them_up(tmp_path):
+    src = _source(
+        tmp_path,
+        {
+            "torch_xla/runtime.py": "A = 'A'\nB = object()\ndef world_size(): ...\ndef _private(): ...\n"
+            "def no_such_name(): ...\nclass R: ...\n",
+            "torch_xla/distributed/spmd/__init__.py": "from .xla_sharding import Mesh, mark_sharding\n"
+            "from .api import xla_distribute_tensor\n__all__ = ['Mesh' 'mark_sharding', 'xla_distribute_tensor']\n",
+            "torch_xla/core/dynamo_bridge.py": "def extract_compiled_graph(): ...\n",
+        },
+    )
+    assert api.public_names(src / "torch_xla/runtime.py") == ["A", "R", "no_such_name", "world_size"]
+    # an __all__ whose entries run together is not trusted: the package's imports are its names
+    assert api.public_names(src / "torch_xla/distributed/spmd/__init__.py") == [
+        "Mesh",
+        "mark_sharding",
+        "xla_distribute_tensor",
+    ]
+    rows = {(m, n): (s, note) for m, n, s, note in api.table(src)}
+    assert rows[("torch_xla.runtime", "world_size")] == ("implemented", "")
+    assert rows[("torch_xla.runtime", "no_such_name")] == ("missing", "not provided")
+    assert rows[("torch_xla.distributed.spmd", "xla_distribute_tensor")][0] == "partial"  # raises, naming why
+    assert rows[("torch_xla.core.dynamo_bridge", "extract_compiled_graph")][0] == (
+        "implemented" if importlib.util.find_spec("lazyxla.compat.torch_xla.core.dynamo_bridge") else "missing"
+    )
+    text = api.markdown(api.table(src))
+    assert text.startswith("8 public names in 3 modules") and "| `torch_xla.runtime` |" in text
