@@ -72,7 +72,8 @@ def test_scripts_count_once_and_time_limits_hold(tmp_path):
             "test/test_mp_ok.py": "import torch_xla\nprint(torch_xla.device())\n",
             "test/test_mp_bad.py": "import torch_xla.core.xla_model as xm\nxm.no_such_function()\n",
             "test/test_mp_slow.py": "import time\ntime.sleep(60)\n",
-            "test/test_unit_broken.py": "import torch_xla._XLAC\nimport unittest\n"
+            # lazyxla's _XLAC has a few of torch_xla's C++ functions; this one it does not
+            "test/test_unit_broken.py": "from torch_xla._XLAC import _xla_sync_multi\nimport unittest\n"
             "class T(unittest.TestCase):\n    def test_a(self): pass\n    def test_b(self): pass\n",
         },
     )
