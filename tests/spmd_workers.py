@@ -324,6 +324,9 @@ def forced_mismatch(rank: int) -> dict:
 
     spmd = lazyxla.spmd
     spmd.enable()
+    # ids is small: the host would know its value and compute (ids * 2).sum() itself (lazy/known.py); the
+    # device's program, with the corrupted buffer, is what this checks
+    lazyxla.config.known_values_limit = 0
     dev = lazyxla.device()
     mesh = spmd.mesh((-1,), ("data",))
     ids = torch.arange(BATCH * SEQ).reshape(BATCH, SEQ).to(dev)
