@@ -74,6 +74,16 @@ FLAGS: tuple[Flag, ...] = (
         "programs take them as inputs, never as constants. 0: off. See docs/performance.md (generation).",
     ),
     Flag(
+        "dynamic_positions",
+        bool,
+        True,
+        "A select, slice (of a fixed size) or write through one at a Python int position (x[i], "
+        "x[:, i:i + n], x[:, i] = v) bakes the position into the program; once the same call (op, shapes, dim, "
+        "size) meets a new position after a sync or host read, the position becomes a program input from then "
+        "on, so a loop indexing at a changing position compiles once more, not at every position. The "
+        "positions one step takes again in every step (a qkv split) stay constants. See docs/performance.md.",
+    ),
+    Flag(
         "host_read_computes",
         str,
         "needed",

@@ -1,0 +1,133 @@
+"""Positions that change from step to step become program inputs.
+
+A select, a slice or a write through either at a Python int position (``x[i]``, ``x[:, s:s + n]``,
+``x[:, i] = v``) reaches the recorder as an aten op whose position is an ``int`` argument: a constant of the
+program, like a shape. That suits the positions of a training step (a qkv split, rotary halves, an unrolled
+RNN's time steps: the same positions in every step), but a decoding loop indexes at its current length, a new
+position at every token (Hugging Face's beam search: ``running_beam_indices[..., cur_len - prompt_len]``,
+``sequences[:, :, cur_len] = ids``), and every new position compiled a new program.
+
+So each such call is keyed by what stays when only the position changes (the op, its tensors' avals, the dim;
+the output's size is in the avals), and the positions the key takes within one epoch (the recording between
+two syncs or host reads, ``graph.epoch``) are remembered. A key that meets a position it has not had, in a later
+epoch than its first, records from then on the ``lazyxla.dynamic_*`` op of the same meaning (``lazyxla/ops.py``),
+which takes the position as a program input (``lax.dynamic_slice`` and its kin): that loop compiles once
+more, then never for a new position. A step that takes the same positions every time keeps them constants,
+and its programs do not change.
+
+The position is a Python int the host knows, so it is normalized (negative indices wrap) and checked here, at
+the call; a position out of range, a step other than 1, an empty or whole-dim slice records the aten op, whose
+checks raise PyTorch's own error (``IndexError``) as before. Autograd is unaffected: it runs above, and the
+backward of ``x[i]`` reaches here as a ``select_scatter`` at the same position.
+
+Example::
+
+    for t in range(n):           # t changes after every host read
+        row = x[t]               # token 1: select_copy at 0; from token 2 on: dynamic_select, t an input
+        done = bool((row == eos).any())
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazyxla.config import config
+from lazyxla.lazy import graph
+from lazyxla.lazy.meta import record
+from lazyxla.lowering.rules.view import slice_bounds
+from lazyxla.ops import ops
+
+aten = torch.ops.aten
+
+_flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
+_seen: dict = {}  # key -> (the epoch it was first used in, the positions it took then)
+_LIMIT = 100_000
+
+
+def _varies(key: tuple, position: int, moving: bool) -> bool:
+    """Whether the call ``key`` records ``position`` as a program input: a position it did not take in its first
+    epoch. Those it took then stay constants, so every program the key is in, a second identical run's
+    included, is one of two: the first epoch's, or the one with the position an input. ``moving``: a position
+    that moves with a length (a read through a slice, ``lazy/special.py``) is an input from the start."""
+    if not _flags["dynamic_positions"]:
+        return False
+    state = _seen.get(key)
+    now = graph.epoch()
+    if state is None:
+        if len(_seen) >= _LIMIT:  # keys that keep changing (shapes): start over rather than grow forever
+            _seen.clear()
+        _seen[key] = (-1, set()) if moving else (now, {position})
+        return moving
+    if moving:
+        return True
+    first, positions = state
+    if position in positions:
+        return False
+    if now == first:
+        positions.add(position)
+        return False
+    return True
+
+
+def _dim(x, dim) -> int | None:
+    """``dim`` made non-negative, or None if out of range (the aten op raises PyTorch's error)."""
+    n = x.dim()
+    return dim % n if type(dim) is int and -n <= dim < n else None
+
+
+def _index(x, d: int, index) -> int | None:
+    """``index`` along dim ``d`` made non-negative, or None if it is not an int in range."""
+    size = x.shape[d]
+    if type(index) is not int or not -size <= index < size:
+        return None
+    return index + size if index < 0 else index
+
+
+def _bounds(x, d: int, start, end, step) -> tuple[int, int] | None:
+    """The ``[lo, hi)`` a step-1 slice takes, as PyTorch clamps it; None if a position cannot vary with it (an
+    empty or whole-dim slice, another step, a symbolic bound)."""
+    if step != 1 or any(b is not None and type(b) is not int for b in (start, end)):
+        return None
+    lo, hi = slice_bounds(x.shape[d], start, end)
+    return (lo, hi) if 0 < hi - lo < x.shape[d] else None
+
+
+def select(x, dim, index, moving=False):
+    """``aten.select_copy``: at an index that is a program input once it varies (``moving``: from the start)."""
+    d = _dim(x, dim)
+    i = None if d is None else _index(x, d, index)
+    if i is not None and _varies((ops.dynamic_select, x._aval, d), i, moving):
+        return record(ops.dynamic_select.default, (x, d, i), {})
+    return record(aten.select_copy.int, (x, dim, index), {})
+
+
+def slice_(x, dim=0, start=None, end=None, step=1, *, moving=False):
+    """``aten.slice_copy``: at a start that is a program input once it varies (the size stays a constant;
+    ``moving``: from the start)."""
+    d = _dim(x, dim)
+    b = None if d is None else _bounds(x, d, start, end, step)
+    if b is not None and _varies((ops.dynamic_slice, x._aval, d, b[1] - b[0]), b[0], moving):
+        return record(ops.dynamic_slice.default, (x, d, b[0], b[1] - b[0]), {})
+    return record(aten.slice_copy.Tensor, (x, dim, start, end, step), {})
+
+
+def select_scatter(x, src, dim, index):
+    """``aten.select_scatter`` (``x[:, i] = v``, ``select``'s backward): at an index that is a program input once
+    it varies."""
+    d = _dim(x, dim)
+    i = None if d is None else _index(x, d, index)
+    fits = i is not None and src.dtype == x.dtype and src.shape == x.shape[:d] + x.shape[d + 1 :]
+    if fits and _varies((ops.dynamic_select_scatter, x._aval, src._aval, d), i, False):
+        return record(ops.dynamic_select_scatter.default, (x, src, d, i), {})
+    return record(aten.select_scatter.default, (x, src, dim, index), {})
+
+
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    """``aten.slice_scatter`` (``x[:, s:s + n] = v``, ``slice``'s backward): at a start that is a program input
+    once it varies."""
+    d = _dim(x, dim)
+    b = None if d is None else _bounds(x, d, start, end, step)
+    fits = b is not None and src.dtype == x.dtype and src.shape == x.shape[:d] + (b[1] - b[0],) + x.shape[d + 1 :]
+    if fits and _varies((ops.dynamic_slice_scatter, x._aval, src._aval, d), b[0], False):
+        return record(ops.dynamic_slice_scatter.default, (x, src, d, b[0]), {})
+    return record(aten.slice_scatter.default, (x, src, dim, start, end, step), {})
