@@ -69,6 +69,11 @@ def _varies(key: tuple, position: int, moving: bool) -> bool:
     return True
 
 
+def forget() -> None:
+    """Forget every position seen: from now on each call starts as new (a test's clean slate)."""
+    _seen.clear()
+
+
 def _dim(x, dim) -> int | None:
     """``dim`` made non-negative, or None if out of range (the aten op raises PyTorch's error)."""
     n = x.dim()

@@ -234,7 +234,7 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     if -x.dim() <= dim < x.dim() and step == 1 and _ints(start, end):
         d = dim % x.dim()
         lo, hi = slice_bounds(x.shape[d], start, end)
-        out = _slice_within(x, d, lo, hi, False) if lo < hi else None
+        out = _slice_within(x, d, lo, hi, _END if start is not None and start < 0 else _START) if lo < hi else None
         if out is not None:
             return out
     return positions.slice_(x, dim, start, end, step)
@@ -245,7 +245,7 @@ def _select(x, dim, index):
     if -x.dim() <= dim < x.dim() and type(index) is int:
         d = dim % x.dim()
         i = index + x.shape[d] if index < 0 else index
-        out = _select_within(x, d, i, False) if 0 <= i < x.shape[d] else None
+        out = _select_within(x, d, i, _END if index < 0 else _START) if 0 <= i < x.shape[d] else None
         if out is not None:
             return out
     return positions.select(x, dim, index)
@@ -264,47 +264,56 @@ def _ints(*bounds) -> bool:
 # are, those reads take the whole sequence, whose length changes every step: every program that needs the last
 # token takes it and compiles anew. So a slice or select is recorded on what it reads: on the piece of a pending
 # ``cat`` that holds it, under a pending reshape that keeps its dim (then reshaped), and within a pending slice
-# along its dim (at the position it reads there, which is a program input from the start: it moves with the
-# length of the slice read through, ``lazy/positions.py``).
+# along its dim, at the position it reads there. A read from the end (a negative index) through a slice that stops
+# short of its input's end moves with that slice's end, the length that grows: its position is a program input
+# from the start (``_MOVING``; ``lazy/positions.py``). Reads from the start (a qkv split's ``q[:, :8]``) keep
+# their positions constants until those change.
+
+_START, _END, _MOVING = 0, 1, 2  # a read's position counts from the start, from the end, or moves with a length
 
 
-def _slice_within(x, d: int, lo: int, hi: int, moving: bool):
+def _through(how: int, short: bool) -> int:
+    """How a read counts after passing through a slice (``short``: one that stops before its input's end)."""
+    return _MOVING if how == _MOVING or (how == _END and short) else how
+
+
+def _slice_within(x, d: int, lo: int, hi: int, how: int):
     """``x``'s ``[lo, hi)`` along dim ``d`` (``lo < hi``) read from the pending value ``x`` views, or None if
-    ``x`` views none (a pending ``cat``, reshape or slice: see above). ``moving``: read through a slice."""
+    ``x`` views none (a pending ``cat``, reshape or slice: see above). ``how``: ``_START``, ``_END``, ``_MOVING``."""
     found = _piece(x, d, lo, hi)
     if found is not None:
         piece, offset = found
         if lo == offset and hi == offset + piece.shape[d]:
             return piece
-        return _slice_at(piece, d, lo - offset, hi - offset, moving)
+        return _slice_at(piece, d, lo - offset, hi - offset, how if how == _MOVING else _START)
     under = _under(x, d)
     if under is None:
         return None
-    y, k, offset, sliced = under
-    out = _slice_at(y, k, offset + lo, offset + hi, moving or sliced)
+    y, k, offset, short = under
+    out = _slice_at(y, k, offset + lo, offset + hi, _through(how, short))
     return _reshaped(out, x.shape[:d] + (hi - lo,) + x.shape[d + 1 :])
 
 
-def _slice_at(x, d: int, lo: int, hi: int, moving: bool):
-    out = _slice_within(x, d, lo, hi, moving)
-    return out if out is not None else positions.slice_(x, d, lo, hi, 1, moving=moving)
+def _slice_at(x, d: int, lo: int, hi: int, how: int):
+    out = _slice_within(x, d, lo, hi, how)
+    return out if out is not None else positions.slice_(x, d, lo, hi, 1, moving=how == _MOVING)
 
 
-def _select_within(x, d: int, i: int, moving: bool):
+def _select_within(x, d: int, i: int, how: int):
     """``x.select(d, i)`` (``i`` in range) read as ``_slice_within`` reads, or None."""
     found = _piece(x, d, i, i + 1)
     if found is not None:
-        return _select_at(found[0], d, i - found[1], moving)
+        return _select_at(found[0], d, i - found[1], how if how == _MOVING else _START)
     under = _under(x, d)
     if under is None:
         return None
-    y, k, offset, sliced = under
-    return _reshaped(_select_at(y, k, offset + i, moving or sliced), x.shape[:d] + x.shape[d + 1 :])
+    y, k, offset, short = under
+    return _reshaped(_select_at(y, k, offset + i, _through(how, short)), x.shape[:d] + x.shape[d + 1 :])
 
 
-def _select_at(x, d: int, i: int, moving: bool):
-    out = _select_within(x, d, i, moving)
-    return out if out is not None else positions.select(x, d, i, moving=moving)
+def _select_at(x, d: int, i: int, how: int):
+    out = _select_within(x, d, i, how)
+    return out if out is not None else positions.select(x, d, i, moving=how == _MOVING)
 
 
 _RESHAPES = frozenset({aten.view_copy.default, aten._unsafe_view.default, aten._reshape_copy.default})
@@ -313,7 +322,8 @@ _RESHAPES = frozenset({aten.view_copy.default, aten._unsafe_view.default, aten._
 def _under(x: LazyTensor, d: int):
     """What ``x``'s dim ``d`` is read from, if ``x`` is a pending reshape that keeps dim ``d`` (the same size
     and as many elements before it) or a pending step-1 slice along ``d``: the value under it (a LazyTensor),
-    the dim there, where ``x``'s dim ``d`` starts there, and whether ``x`` is a slice; else None."""
+    the dim there, where ``x``'s dim ``d`` starts there, and whether ``x`` is a slice that stops before the end
+    of that dim; else None."""
     n = x._value[0]
     if n.op in _RESHAPES and not n.template[1]:
         value = n.inputs[n.template[0][0].i]
@@ -321,7 +331,10 @@ def _under(x: LazyTensor, d: int):
         k = _kept(y.shape, x.shape, d)
         return None if k is None else (y, k, 0, False)
     inner = _sliced(n)
-    return (*inner, True) if inner is not None and inner[1] == d else None
+    if inner is None or inner[1] != d:
+        return None
+    y, k, start = inner
+    return y, k, start, start + x.shape[d] < y.shape[k]
 
 
 def _kept(a, b, d: int) -> int | None:
