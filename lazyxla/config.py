@@ -90,7 +90,8 @@ FLAGS: tuple[Flag, ...] = (
         "What a host read (.item(), .cpu(), print) computes. 'needed': the values it reads, every live tensor "
         "computed on the way, and the values other pending tensors take from that work (so no pending graph "
         "keeps work already done). 'all': every pending tensor, as lazyxla.sync() (torch_xla's mark_step) does, "
-        "except that a pending torch.cat stays pending with its pieces computed; inputs no tensor holds are "
+        "except that a pending torch.cat stays pending with its pieces computed, and so do views of computed "
+        "data (slices, reshapes: they hold no work); inputs no tensor holds are "
         "donated. A multi-process run always computes what a read needs (and what is on the way), nothing more. "
         "See docs/performance.md (generation) for what each costs.",
     ),

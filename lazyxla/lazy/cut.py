@@ -23,9 +23,11 @@ from lazyxla.ops import ops
 
 aten = torch.ops.aten
 _CAT = aten.cat.default
-# Ops that only move or view values: a pending graph of these over device data holds no work.
+# Ops that only move or view values: a pending graph of these over device data holds no work (their ids: hashing
+# an OpOverload runs Python code).
 _VIEWS = frozenset(
-    {
+    id(op)
+    for op in (
         aten.slice_copy.Tensor,
         aten.select_copy.int,
         aten.view_copy.default,
@@ -36,7 +38,7 @@ _VIEWS = frozenset(
         aten.squeeze_copy.dims,
         ops.dynamic_slice.default,
         ops.dynamic_select.default,
-    }
+    )
 )
 _VIEW_DEPTH = 8  # longer chains of views are computed as work is
 
@@ -132,7 +134,7 @@ def holds_no_work(n) -> bool:
         m, depth = stack.pop()
         if m.op.__class__ is Leaf:
             continue
-        if m.op not in _VIEWS or depth >= _VIEW_DEPTH:
+        if id(m.op) not in _VIEWS or depth >= _VIEW_DEPTH:
             return False
         stack.extend((k, depth + 1) for k, _ in m.inputs)
     return True

@@ -329,13 +329,9 @@ def _group(tensors):
 
 
 _transfers_at_last_sync = [0]
-_epoch = [0]  # syncs and host reads so far (``epoch``)
-
-
-def epoch() -> int:
-    """How many syncs and host reads have run: recording between two of them is one epoch (``lazy/positions.py``
-    tells a position that changes from step to step from the several positions of one step by it)."""
-    return _epoch[0]
+# How many syncs and host reads have run (one item, read per op): the recording between two of them is one epoch.
+# lazy/positions.py tells a position that changes from step to step from the several positions of one step by it.
+epoch = [0]
 
 
 def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
@@ -351,7 +347,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         print(report)                    # graph id, cache hit or compile time, nodes, bytes donated
     """
     metrics.inc("syncs")
-    _epoch[0] += 1
+    epoch[0] += 1
     report = SyncReport()
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
@@ -403,7 +399,7 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     next (with a cut on rank 0 only, the two ranks' step programs, built from differently cut graphs, met in
     gloo with mismatched all-reduce sizes and the run aborted).
     """
-    _epoch[0] += 1
+    epoch[0] += 1
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     alone = processes.process_count() == 1
     if not want:

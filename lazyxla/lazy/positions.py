@@ -40,6 +40,8 @@ from lazyxla.ops import ops
 aten = torch.ops.aten
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
+# Each key's first element: which call it is (ints, not the ops: hashing an OpOverload runs Python code)
+_SELECT, _SLICE, _SELECT_SCATTER, _SLICE_SCATTER = range(4)
 _seen: dict = {}  # key -> (the epoch it was first used in, the positions it took then)
 _LIMIT = 100_000
 
@@ -52,7 +54,7 @@ def _varies(key: tuple, position: int, moving: bool) -> bool:
     if not _flags["dynamic_positions"]:
         return False
     state = _seen.get(key)
-    now = graph.epoch()
+    now = graph.epoch[0]
     if state is None:
         if len(_seen) >= _LIMIT:  # keys that keep changing (shapes): start over rather than grow forever
             _seen.clear()
@@ -88,51 +90,55 @@ def _index(x, d: int, index) -> int | None:
     return index + size if index < 0 else index
 
 
-def _bounds(x, d: int, start, end, step) -> tuple[int, int] | None:
-    """The ``[lo, hi)`` a step-1 slice takes, as PyTorch clamps it; None if a position cannot vary with it (an
-    empty or whole-dim slice, another step, a symbolic bound)."""
-    if step != 1 or any(b is not None and type(b) is not int for b in (start, end)):
-        return None
-    lo, hi = slice_bounds(x.shape[d], start, end)
-    return (lo, hi) if 0 < hi - lo < x.shape[d] else None
-
-
-def select(x, dim, index, moving=False):
-    """``aten.select_copy``: at an index that is a program input once it varies (``moving``: from the start)."""
+def where_select(x, dim, index) -> tuple[int, int] | None:
+    """``(dim, index)`` of ``x.select(dim, index)``, both non-negative; None where PyTorch raises."""
     d = _dim(x, dim)
     i = None if d is None else _index(x, d, index)
-    if i is not None and _varies((ops.dynamic_select, x._aval, d), i, moving):
-        return record(ops.dynamic_select.default, (x, d, i), {})
-    return record(aten.select_copy.int, (x, dim, index), {})
+    return None if i is None else (d, i)
 
 
-def slice_(x, dim=0, start=None, end=None, step=1, *, moving=False):
-    """``aten.slice_copy``: at a start that is a program input once it varies (the size stays a constant;
-    ``moving``: from the start)."""
+def where_slice(x, dim, start, end, step) -> tuple[int, int, int] | None:
+    """``(dim, lo, hi)`` of a step-1 slice, clamped as PyTorch clamps it (``lo <= hi``); None for another step,
+    a symbolic bound or a dim PyTorch refuses."""
     d = _dim(x, dim)
-    b = None if d is None else _bounds(x, d, start, end, step)
-    if b is not None and _varies((ops.dynamic_slice, x._aval, d, b[1] - b[0]), b[0], moving):
-        return record(ops.dynamic_slice.default, (x, d, b[0], b[1] - b[0]), {})
-    return record(aten.slice_copy.Tensor, (x, dim, start, end, step), {})
+    if d is None or step != 1 or any(b is not None and type(b) is not int for b in (start, end)):
+        return None
+    return (d, *slice_bounds(x.shape[d], start, end))
+
+
+def select_at(x, d: int, i: int, moving: bool = False):
+    """``x.select(d, i)`` (``where_select``'s ``d``, ``i``) at an index that is a program input once it varies
+    (``moving``: from the start)."""
+    if _varies((_SELECT, x._aval, d), i, moving):
+        return record(ops.dynamic_select.default, (x, d, i), {})
+    return record(aten.select_copy.int, (x, d, i), {})
+
+
+def slice_at(x, d: int, lo: int, hi: int, moving: bool = False):
+    """``x``'s ``[lo, hi)`` along dim ``d`` (``where_slice``'s) at a start that is a program input once it varies
+    (the size stays a constant; ``moving``: from the start). An empty or whole-dim slice has no position."""
+    if 0 < hi - lo < x.shape[d] and _varies((_SLICE, x._aval, d, hi - lo), lo, moving):
+        return record(ops.dynamic_slice.default, (x, d, lo, hi - lo), {})
+    return record(aten.slice_copy.Tensor, (x, d, lo, hi, 1), {})
 
 
 def select_scatter(x, src, dim, index):
     """``aten.select_scatter`` (``x[:, i] = v``, ``select``'s backward): at an index that is a program input once
     it varies."""
-    d = _dim(x, dim)
-    i = None if d is None else _index(x, d, index)
-    fits = i is not None and src.dtype == x.dtype and src.shape == x.shape[:d] + x.shape[d + 1 :]
-    if fits and _varies((ops.dynamic_select_scatter, x._aval, src._aval, d), i, False):
-        return record(ops.dynamic_select_scatter.default, (x, src, d, i), {})
+    at = where_select(x, dim, index)
+    fits = at is not None and src.dtype == x.dtype and src.shape == x.shape[: at[0]] + x.shape[at[0] + 1 :]
+    if fits and _varies((_SELECT_SCATTER, x._aval, src._aval, at[0]), at[1], False):
+        return record(ops.dynamic_select_scatter.default, (x, src, *at), {})
     return record(aten.select_scatter.default, (x, src, dim, index), {})
 
 
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     """``aten.slice_scatter`` (``x[:, s:s + n] = v``, ``slice``'s backward): at a start that is a program input
     once it varies."""
-    d = _dim(x, dim)
-    b = None if d is None else _bounds(x, d, start, end, step)
-    fits = b is not None and src.dtype == x.dtype and src.shape == x.shape[:d] + (b[1] - b[0],) + x.shape[d + 1 :]
-    if fits and _varies((ops.dynamic_slice_scatter, x._aval, src._aval, d), b[0], False):
-        return record(ops.dynamic_slice_scatter.default, (x, src, d, b[0]), {})
+    at = where_slice(x, dim, start, end, step)
+    fits = at is not None and 0 < at[2] - at[1] < x.shape[at[0]] and src.dtype == x.dtype
+    d = at[0] if fits else 0
+    fits = fits and src.shape == x.shape[:d] + (at[2] - at[1],) + x.shape[d + 1 :]
+    if fits and _varies((_SLICE_SCATTER, x._aval, src._aval, d), at[1], False):
+        return record(ops.dynamic_slice_scatter.default, (x, src, d, at[1]), {})
     return record(aten.slice_scatter.default, (x, src, dim, start, end, step), {})

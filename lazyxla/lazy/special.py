@@ -231,24 +231,21 @@ def _piece(x: LazyTensor, dim: int, start: int, stop: int):
 def _slice(x, dim=0, start=None, end=None, step=1):
     """``aten.slice_copy``: read from the pending value it views (``_slice_within``), if it views one; at a start
     that may be a program input (``lazy/positions.py``)."""
-    if -x.dim() <= dim < x.dim() and step == 1 and _ints(start, end):
-        d = dim % x.dim()
-        lo, hi = slice_bounds(x.shape[d], start, end)
-        out = _slice_within(x, d, lo, hi, _END if start is not None and start < 0 else _START) if lo < hi else None
-        if out is not None:
-            return out
-    return positions.slice_(x, dim, start, end, step)
+    at = positions.where_slice(x, dim, start, end, step)
+    if at is None:
+        return record(aten.slice_copy.Tensor, (x, dim, start, end, step), {})  # PyTorch's error, or a strided slice
+    d, lo, hi = at
+    out = _slice_within(x, d, lo, hi, _END if start is not None and start < 0 else _START) if lo < hi else None
+    return out if out is not None else positions.slice_at(x, d, lo, hi)
 
 
 def _select(x, dim, index):
     """``aten.select_copy``: as ``_slice``."""
-    if -x.dim() <= dim < x.dim() and type(index) is int:
-        d = dim % x.dim()
-        i = index + x.shape[d] if index < 0 else index
-        out = _select_within(x, d, i, _END if index < 0 else _START) if 0 <= i < x.shape[d] else None
-        if out is not None:
-            return out
-    return positions.select(x, dim, index)
+    at = positions.where_select(x, dim, index)
+    if at is None:
+        return record(aten.select_copy.int, (x, dim, index), {})  # PyTorch's IndexError
+    out = _select_within(x, *at, _END if index < 0 else _START)
+    return out if out is not None else positions.select_at(x, *at)
 
 
 def _ints(*bounds) -> bool:
@@ -280,6 +277,8 @@ def _through(how: int, short: bool) -> int:
 def _slice_within(x, d: int, lo: int, hi: int, how: int):
     """``x``'s ``[lo, hi)`` along dim ``d`` (``lo < hi``) read from the pending value ``x`` views, or None if
     ``x`` views none (a pending ``cat``, reshape or slice: see above). ``how``: ``_START``, ``_END``, ``_MOVING``."""
+    if id(x._value[0].op) not in _VIEWING:  # the common case, decided at once
+        return None
     found = _piece(x, d, lo, hi)
     if found is not None:
         piece, offset = found
@@ -296,11 +295,13 @@ def _slice_within(x, d: int, lo: int, hi: int, how: int):
 
 def _slice_at(x, d: int, lo: int, hi: int, how: int):
     out = _slice_within(x, d, lo, hi, how)
-    return out if out is not None else positions.slice_(x, d, lo, hi, 1, moving=how == _MOVING)
+    return out if out is not None else positions.slice_at(x, d, lo, hi, how == _MOVING)
 
 
 def _select_within(x, d: int, i: int, how: int):
     """``x.select(d, i)`` (``i`` in range) read as ``_slice_within`` reads, or None."""
+    if id(x._value[0].op) not in _VIEWING:
+        return None
     found = _piece(x, d, i, i + 1)
     if found is not None:
         return _select_at(found[0], d, i - found[1], how if how == _MOVING else _START)
@@ -313,10 +314,12 @@ def _select_within(x, d: int, i: int, how: int):
 
 def _select_at(x, d: int, i: int, how: int):
     out = _select_within(x, d, i, how)
-    return out if out is not None else positions.select(x, d, i, moving=how == _MOVING)
+    return out if out is not None else positions.select_at(x, d, i, how == _MOVING)
 
 
-_RESHAPES = frozenset({aten.view_copy.default, aten._unsafe_view.default, aten._reshape_copy.default})
+# ids, not the ops: hashing an OpOverload runs Python code (these ops live as long as the process)
+_RESHAPES = frozenset(id(op) for op in (aten.view_copy.default, aten._unsafe_view.default, aten._reshape_copy.default))
+_VIEWING = _RESHAPES | {id(aten.cat.default), id(aten.slice_copy.Tensor), id(ops.dynamic_slice.default)}
 
 
 def _under(x: LazyTensor, d: int):
@@ -325,7 +328,7 @@ def _under(x: LazyTensor, d: int):
     the dim there, where ``x``'s dim ``d`` starts there, and whether ``x`` is a slice that stops before the end
     of that dim; else None."""
     n = x._value[0]
-    if n.op in _RESHAPES and not n.template[1]:
+    if id(n.op) in _RESHAPES and not n.template[1]:
         value = n.inputs[n.template[0][0].i]
         y = LazyTensor(value, value[0].avals[value[1]])
         k = _kept(y.shape, x.shape, d)
