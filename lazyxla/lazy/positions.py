@@ -8,22 +8,26 @@ position at every token (Hugging Face's beam search: ``running_beam_indices[...,
 ``sequences[:, :, cur_len] = ids``), and every new position compiled a new program.
 
 So each such call is keyed by what stays when only the position changes (the op, its tensors' avals, the dim;
-the output's size is in the avals), and the positions the key takes within one epoch (the recording between
-two syncs or host reads, ``graph.epoch``) are remembered. A key that meets a position it has not had, in a later
-epoch than its first, records from then on the ``lazyxla.dynamic_*`` op of the same meaning (``lazyxla/ops.py``),
-which takes the position as a program input (``lax.dynamic_slice`` and its kin): that loop compiles once
-more, then never for a new position. A step that takes the same positions every time keeps them constants,
-and its programs do not change.
+the output's size is in the avals), and the key remembers the positions it took in its first epoch (the
+recording between two syncs or host reads, ``graph.epoch``). Those stay constants; any other position records
+the ``lazyxla.dynamic_*`` op of the same meaning (``lazyxla/ops.py``), which takes the position as a program
+input (``lax.dynamic_slice`` and its kin). A loop whose position moves after each read compiles its first
+position's program and one with the position an input, then nothing; a second identical loop runs those two
+again. A step that takes the same positions every time keeps them constants, and its programs do not change.
+What the rule costs: a later step that takes a first-epoch position beside new ones (``x[i - 1]`` and ``x[i]``
+at ``i = 1``) is a program of its own, once. A read that moves with a length (from the end of a slice that
+grows: ``lazy/special.py``) is an input from the start.
 
-The position is a Python int the host knows, so it is normalized (negative indices wrap) and checked here, at
-the call; a position out of range, a step other than 1, an empty or whole-dim slice records the aten op, whose
-checks raise PyTorch's own error (``IndexError``) as before. Autograd is unaffected: it runs above, and the
-backward of ``x[i]`` reaches here as a ``select_scatter`` at the same position.
+The position is a Python int the host knows, so it is normalized (negative indices wrap) and checked at the
+call (``where_select``, ``where_slice``); a position out of range, a step other than 1, a symbolic bound records
+the aten op, whose checks raise PyTorch's own error (``IndexError``) as before, and an empty or whole-dim slice
+has no position to move. Autograd is unaffected: it runs above, and the backward of ``x[i]`` reaches here as a
+``select_scatter`` at the same position.
 
 Example::
 
     for t in range(n):           # t changes after every host read
-        row = x[t]               # token 1: select_copy at 0; from token 2 on: dynamic_select, t an input
+        row = x[t]               # t = 0: select_copy at 0; from t = 1 on: dynamic_select, t an input
         done = bool((row == eos).any())
 """
 

@@ -4,8 +4,10 @@ Transfers (``copy`` from a CPU tensor or another lazyxla device, ``_to_copy`` to
 device, ``lift`` of a tensor built on the host), host reads (``.item()``), aliases (``detach``,
 ``clone``: a new LazyTensor on the same value), batch norm's running statistics (rebound after a
 functional op), ``nonzero`` (a data-dependent shape: a counted sync, then ``nonzero_static``), margin
-losses of one sample, and the bounds checks of ``random_``/``randint_like``. ``SPECIAL`` maps each op
-to its handler; ``lazy.record.dispatch`` takes it before any rule.
+losses of one sample, the bounds checks of ``random_``/``randint_like``, slices and selects (read through the
+pending concatenation, reshape or slice they view; at positions that may be program inputs) and writes through
+them (``lazy/positions.py``). ``SPECIAL`` maps each op to its handler; ``lazy.record.dispatch`` takes it before
+any rule.
 """
 
 from __future__ import annotations
