@@ -74,13 +74,24 @@ FLAGS: tuple[Flag, ...] = (
         "programs take them as inputs, never as constants. 0: off. See docs/performance.md (generation).",
     ),
     Flag(
+        "dynamic_positions",
+        bool,
+        True,
+        "A select, slice (of a fixed size) or write through one at a Python int position (x[i], "
+        "x[:, i:i + n], x[:, i] = v) bakes the position into the program; once the same call (op, shapes, dim, "
+        "size) meets a new position after a sync or host read, the position becomes a program input from then "
+        "on, so a loop indexing at a changing position compiles once more, not at every position. The "
+        "positions one step takes again in every step (a qkv split) stay constants. See docs/performance.md.",
+    ),
+    Flag(
         "host_read_computes",
         str,
         "needed",
         "What a host read (.item(), .cpu(), print) computes. 'needed': the values it reads, every live tensor "
         "computed on the way, and the values other pending tensors take from that work (so no pending graph "
         "keeps work already done). 'all': every pending tensor, as lazyxla.sync() (torch_xla's mark_step) does, "
-        "except that a pending torch.cat stays pending with its pieces computed; inputs no tensor holds are "
+        "except that a pending torch.cat stays pending with its pieces computed, and so do views of computed "
+        "data (slices, reshapes: they hold no work); inputs no tensor holds are "
         "donated. A multi-process run always computes what a read needs (and what is on the way), nothing more. "
         "See docs/performance.md (generation) for what each costs.",
     ),

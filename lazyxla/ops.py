@@ -9,6 +9,10 @@
   means one group of every replica.
 - ``shard(x, mesh, spec)``: an SPMD sharding constraint (``lazyxla.spmd.mark_sharding`` on a pending value).
 - ``compiled_graph(inputs, graph)``: one call of a ``torch.compile`` graph (``frontend/dynamo.py``).
+- ``dynamic_select``, ``dynamic_slice``, ``dynamic_select_scatter``, ``dynamic_slice_scatter``: ``select``,
+  ``slice`` (step 1, ``size`` elements) and their scatters at a position that is a program input (a ``Scalar``)
+  rather than a constant: what ``lazy/positions.py`` records for a position that changes from sync to sync.
+  The recorder checks the position; it is non-negative and in range.
 
 Example::
 
@@ -64,6 +68,28 @@ library.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
 
 # One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py).
 library.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
+
+# Positions that are program inputs (``Scalar``): lazy/positions.py records them, normalized and in range. The
+# CPU kernels (PyTorch's own ops) give the recorder's check of each new call signature its errors; the meta
+# kernels are the same code on meta tensors.
+_POSITION_OPS = {
+    "dynamic_select(Tensor self, int dim, Scalar index) -> Tensor": (
+        lambda x, dim, index: x.select(dim, int(index)).clone()
+    ),
+    "dynamic_slice(Tensor self, int dim, Scalar start, int size) -> Tensor": (
+        lambda x, dim, start, size: x.narrow(dim, int(start), size).clone()
+    ),
+    "dynamic_select_scatter(Tensor self, Tensor src, int dim, Scalar index) -> Tensor": (
+        lambda x, src, dim, index: torch.select_scatter(x, src, dim, int(index))
+    ),
+    "dynamic_slice_scatter(Tensor self, Tensor src, int dim, Scalar start) -> Tensor": (
+        lambda x, src, dim, start: torch.slice_scatter(x, src, dim, int(start), int(start) + src.shape[dim])
+    ),
+}
+for _schema, _kernel in _POSITION_OPS.items():
+    library.define(_schema)
+    for _key in ("CPU", "Meta"):
+        library.impl(_schema.split("(", 1)[0], _kernel, _key)
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

@@ -7,6 +7,7 @@ os.environ.setdefault("LAZYXLA_PERSISTENT_CACHE", "0")
 import pytest
 
 import lazyxla
+from lazyxla.lazy import positions
 from lazyxla.lowering.registry import RULES
 
 # An op that has a lowering rule must never run on the CPU, unless a test says why it may
@@ -30,6 +31,7 @@ def dev():
 def _fresh_metrics_and_no_fallback_for_ruled_ops(request):
     lazyxla.sync()
     lazyxla.metrics.reset()
+    positions.forget()  # which positions vary (lazy/positions.py) is learned per test, as in a fresh process
     yield
     markers = list(request.node.iter_markers("allow_fallback"))
     if any(not m.args for m in markers):  # allow_fallback() with no op: any op may fall back

@@ -2,7 +2,8 @@
 
 Only ``Scalar`` arguments (by the op's schema) take them as inputs; ``int`` arguments (shapes, sizes, dims,
 positions), bools, pow's int exponent and the 0/±1 of a coefficient (``alpha=1``) stay in the program, and a
-change of one of those is explained with how to avoid it.
+change of one of those is explained with how to avoid it. (A select's or fixed-size slice's position that changes
+from one sync to a later one becomes an input too: ``lazy/positions.py``, tests/test_dynamic_positions.py.)
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def test_structural_ints_bools_and_int_exponents_stay_in_the_program(dev):
     before = _compiles()
     for k in (1, 2, 3):
         assert x[k].item() == k and x.view(k, -1).sum(0).tolist() == torch.arange(12).view(k, -1).sum(0).tolist()
-    assert _compiles() - before == 6
+    # a program per view shape; x[k]: one with k = 1, then one taking k as an input (it changed after a read)
+    assert _compiles() - before == 5
     before = _compiles()
     for k in (2, 3, -4, 5):  # alpha is an input except at 0 and ±1, which drop a multiply
         assert torch.add(x, x, alpha=k).tolist() == [i + k * i for i in range(12)]
@@ -162,8 +164,9 @@ def test_torch_compile_bakes_python_ints_as_pytorch_wraps_them(dev):
     assert torch.equal(fn(t.to(dev)).cpu(), t * (2**33 + 5) + 7)
 
 
-def test_a_changing_baked_int_is_explained_with_how_to_avoid_it(dev):
-    here = os.path.abspath(__file__)
+def _select_loop(here: str, dev) -> tuple[dict, list]:
+    """Three synced steps that compute with ``step`` and select at it; the tagged lines and the explanations."""
+    lazyxla.metrics.reset()
     x = torch.arange(8.0).to(dev)
     with lazyxla.config.override(explain_recompiles=True):
         for step in range(3):
@@ -178,16 +181,35 @@ def test_a_changing_baked_int_is_explained_with_how_to_avoid_it(dev):
             for tag in ("operand", "select", "sync")
             if f"# tag:{tag}" in text and "tag}" not in text
         }
-    reasons = [r["reason"] for r in lazyxla.metrics.recompiles()]
+    recompiles = lazyxla.metrics.recompiles()
+    assert all(r["site"] == f"lazyxla.sync() at {here}:{lines['sync']}" for r in recompiles)
+    return lines, [r["reason"] for r in recompiles]
+
+
+def test_a_changing_baked_int_is_explained_with_how_to_avoid_it(dev):
+    here = os.path.abspath(__file__)
+    with lazyxla.config.override(dynamic_positions=False):
+        lines, reasons = _select_loop(here, dev)
     assert reasons == [
         f"aten.select_copy.int (recorded at {here}:{lines['select']}): a Python value in its arguments changed: "
         f"index: {k} -> {k + 1}. `index` is an int argument of the op (a shape, size, dim or position): part of the "
         "program, so each value compiles a program of its own (Python numbers used as tensor operands, as in "
         "`t + step`, are program inputs instead). To avoid it, keep such values to a few (pad lengths to a few "
-        "sizes), or index with a tensor on the device (x.index_select(0, torch.arange(n, device=dev) + start))"
+        "sizes), or index with a tensor on the device (x.index_select(0, torch.arange(n, device=dev) + start)); "
+        "lazyxla.config.dynamic_positions (off) makes a select's or fixed-size slice's position an input"
         for k in (0, 1)
     ]
-    assert all(r["site"] == f"lazyxla.sync() at {here}:{lines['sync']}" for r in lazyxla.metrics.recompiles())
+
+
+def test_a_position_that_changes_after_a_sync_becomes_an_input_and_is_explained(dev):
+    here = os.path.abspath(__file__)
+    lines, reasons = _select_loop(here, dev)
+    assert reasons == [  # once: the select at step 2 reuses step 1's program
+        f"aten.select_copy.int (recorded at {here}:{lines['select']}): its `index` (0 in the last program compiled "
+        "here) changed after a sync, so it is a program input from now on (lazyxla.dynamic_select.default): a "
+        "position that changes from one sync to a later one compiles once more, not once per value "
+        "(lazyxla.config.dynamic_positions)"
+    ]
 
 
 def test_a_baked_scalar_is_explained_with_a_0d_tensor_as_the_way_out(dev):

@@ -19,8 +19,28 @@ import weakref
 import torch
 
 from lazyxla.ir import Leaf, rewired
+from lazyxla.ops import ops
 
-_CAT = torch.ops.aten.cat.default
+aten = torch.ops.aten
+_CAT = aten.cat.default
+# Ops that only move or view values: a pending graph of these over device data holds no work (their ids: hashing
+# an OpOverload runs Python code).
+_VIEWS = frozenset(
+    id(op)
+    for op in (
+        aten.slice_copy.Tensor,
+        aten.select_copy.int,
+        aten.view_copy.default,
+        aten._unsafe_view.default,
+        aten._reshape_copy.default,
+        aten.unsqueeze_copy.default,
+        aten.squeeze_copy.dim,
+        aten.squeeze_copy.dims,
+        ops.dynamic_slice.default,
+        ops.dynamic_select.default,
+    )
+)
+_VIEW_DEPTH = 8  # longer chains of views are computed as work is
 
 
 class Holder:
@@ -100,14 +120,35 @@ def remember(values: list[tuple]) -> dict:
     return seen
 
 
+def holds_no_work(n) -> bool:
+    """Whether the pending node ``n`` only views device data: a few slices, selects and reshapes over leaves.
+
+    Such a value costs nothing to leave pending, and computing it alone would be a program of its own whose
+    output shape is often the one that changes (beam search's ``running[:, :, :cur_len]``, read through by
+    ``lazy/special.py``), so host reads leave it pending.
+
+    Example: ``holds_no_work(unwrap(data[:, :n].reshape(-1))._value[0])`` is True for computed ``data``.
+    """
+    stack = [(n, 0)]
+    while stack:
+        m, depth = stack.pop()
+        if m.op.__class__ is Leaf:
+            continue
+        if id(m.op) not in _VIEWS or depth >= _VIEW_DEPTH:
+            return False
+        stack.extend((k, depth + 1) for k, _ in m.inputs)
+    return True
+
+
 def left_over(values: list[tuple], earlier: dict) -> list[tuple]:
     """The values in the graphs of ``values`` whose nodes were pending already in ``earlier`` (``remember``):
-    the outermost such values, looking through concatenations (they stay pending; their pieces do not)."""
+    the outermost such values, looking through concatenations (they stay pending; their pieces do not), except
+    views of device data (``holds_no_work``: they stay pending)."""
     found, seen = {}, set()
     stack = list(values)
     while stack:
         n, i = stack.pop()
-        if n.op.__class__ is Leaf:
+        if n.op.__class__ is Leaf or holds_no_work(n):
             continue
         ref = earlier.get(id(n))
         if ref is not None and ref() is n and n.op is not _CAT:

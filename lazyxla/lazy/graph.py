@@ -15,7 +15,7 @@ from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
-from lazyxla.lazy.cut import Cut, left_over, remember
+from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
@@ -329,6 +329,9 @@ def _group(tensors):
 
 
 _transfers_at_last_sync = [0]
+# How many syncs and host reads have run (one item, read per op): the recording between two of them is one epoch.
+# lazy/positions.py tells a position that changes from step to step from the several positions of one step by it.
+epoch = [0]
 
 
 def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
@@ -344,6 +347,7 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         print(report)                    # graph id, cache hit or compile time, nodes, bytes donated
     """
     metrics.inc("syncs")
+    epoch[0] += 1
     report = SyncReport()
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
@@ -397,6 +401,8 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     alone = processes.process_count() == 1
+    if alone:  # a read on one rank only (rank 0's print) must not make its positions vary and its programs differ
+        epoch[0] += 1
     if not want:
         if host_read and alone:
             _read_needing_nothing(reason)
@@ -480,13 +486,14 @@ def _computes_all() -> bool:
 
 def _all_pending_but_concatenations() -> list[tuple]:
     """The values of every pending live tensor, where a pending ``cat`` stands for its pending pieces: the
-    concatenation stays pending (``lazy/special.py`` reads its last piece without it)."""
+    concatenation stays pending (``lazy/special.py`` reads its last piece without it), and so do views of device
+    data (``cut.holds_no_work``: ``lazy/special.py`` reads through them)."""
     want, stack = [], [t._value for t in live_tensors()]
     while stack:
         n, i = stack.pop()
         if n.op is aten_cat:
             stack.extend(n.inputs)
-        elif n.op.__class__ is not Leaf:
+        elif n.op.__class__ is not Leaf and not holds_no_work(n):
             want.append((n, i))
     return want
 

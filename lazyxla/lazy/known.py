@@ -59,7 +59,14 @@ _SHAPE_ONLY = frozenset(
 )
 # Ops that take a handler of their own (lazy/special.py) and are still computed on the host when known.
 FOLDABLE_SPECIAL = frozenset(
-    {aten.slice_copy.Tensor, aten.select_copy.int, aten.nonzero.default, aten._to_copy.default}
+    {
+        aten.slice_copy.Tensor,
+        aten.select_copy.int,
+        aten.select_scatter.default,
+        aten.slice_scatter.default,
+        aten.nonzero.default,
+        aten._to_copy.default,
+    }
 )
 _NEVER = frozenset(
     {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default, aten.new_empty.default}

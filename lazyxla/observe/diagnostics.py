@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lazyxla.config import config
 from lazyxla.ir import In, Leaf
 
 log = logging.getLogger("lazyxla")
@@ -216,6 +217,9 @@ def _why_baked(arg, i, value) -> str:
         fix = "keep such values to a few (pad lengths to a few sizes)"
         if arg is not None and arg.name in _POSITIONS:
             fix += ", or index with a tensor on the device (x.index_select(0, torch.arange(n, device=dev) + start))"
+            if not config.dynamic_positions:
+                fix += "; lazyxla.config.dynamic_positions (off) makes a select's or fixed-size slice's position "
+                fix += "an input"
         return (
             f"{name} is an int argument of the op (a shape, size, dim or position): part of the program, so each "
             "value compiles a program of its own (Python numbers used as tensor operands, as in `t + step`, are "
@@ -379,6 +383,9 @@ def _diverged(old: list[OpSig], new: list[OpSig], k: int) -> str:
             f"from {_op(new, k)} on the graph differs from the last one compiled here: {_input(new, k)} is "
             f"{_kind(b)}{_first_user(new, k)}, where that one had {_kind(a)}{_first_user(old, k)}"
         )
+    became = _now_an_input(old, new, k) if b.is_input else None
+    if became:
+        return became
     if b.is_input:
         return (
             f"from {_op(new, k)} on the graph differs from the last one compiled here: it reads {_input(new, k)} "
@@ -390,6 +397,33 @@ def _diverged(old: list[OpSig], new: list[OpSig], k: int) -> str:
             f"where that one read {_kind(a)}"
         )
     return f"{_op(new, k)} is {b.op}{_at(b)} instead of {a.op}{_at(a)}"
+
+
+# lazy/positions.py's ops, each with the aten op it replaces once a position changes, and the position's argument
+_POSITION_OPS = {
+    "lazyxla.dynamic_select.default": ("aten.select_copy.int", 2),
+    "lazyxla.dynamic_slice.default": ("aten.slice_copy.Tensor", 2),
+    "lazyxla.dynamic_select_scatter.default": ("aten.select_scatter.default", 3),
+    "lazyxla.dynamic_slice_scatter.default": ("aten.slice_scatter.default", 3),
+}
+
+
+def _now_an_input(old: list[OpSig], new: list[OpSig], k: int) -> str | None:
+    """When ``new[k]`` is the Python int that a select's or slice's position became (``lazy/positions.py``) where
+    the old graph had the aten op with the position baked in: say so; else None."""
+    user = next((s for s in new[k + 1 :] if any(j == k for j, _ in s.args)), None)
+    a = old[k]
+    if user is None or _POSITION_OPS.get(user.op, ("",))[0] != a.op:
+        return None
+    position = _POSITION_OPS[user.op][1]
+    args = _schema_args(a.overload)
+    name = list(args)[position] if len(args) > position else "position"
+    given = a.values[0][position] if a.values and len(a.values[0]) > position else "?"
+    return (
+        f"{a.op}{_at(a)}: its `{name}` ({given} in the last program compiled here) changed after a sync, so it is "
+        f"a program input from now on ({user.op}): a position that changes from one sync to a later one "
+        "compiles once more, not once per value (lazyxla.config.dynamic_positions)"
+    )
 
 
 def _substitution(old: list[OpSig], new: list[OpSig], k: int) -> str:

@@ -14,6 +14,7 @@ from jax import lax
 
 from lazyxla.lowering.registry import lowers
 from lazyxla.lowering.rules.common import norm_dim
+from lazyxla.ops import ops
 
 aten = torch.ops.aten
 
@@ -190,6 +191,31 @@ def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     if step == 1:
         return lax.dynamic_update_slice_in_dim(x, src, lo, dim)
     return x.at[_index_at(x, dim, slice(lo, hi, step))].set(src)
+
+
+# ---- positions that are program inputs (lazy/positions.py records them non-negative and in range) ----
+
+_POSITION = np.dtype(np.int64)  # a dim may hold more than 2**31 elements (a flat parameter buffer)
+
+
+@lowers(ops.dynamic_select.default, scalars=_POSITION)
+def _dynamic_select(ctx, x, dim, index):
+    return lax.dynamic_index_in_dim(x, index, axis=dim, keepdims=False)
+
+
+@lowers(ops.dynamic_slice.default, scalars=_POSITION)
+def _dynamic_slice(ctx, x, dim, start, size):
+    return lax.dynamic_slice_in_dim(x, start, size, axis=dim)
+
+
+@lowers(ops.dynamic_select_scatter.default, scalars=_POSITION)
+def _dynamic_select_scatter(ctx, x, src, dim, index):
+    return lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index, dim)
+
+
+@lowers(ops.dynamic_slice_scatter.default, scalars=_POSITION)
+def _dynamic_slice_scatter(ctx, x, src, dim, start):
+    return lax.dynamic_update_slice_in_dim(x, src.astype(x.dtype), start, dim)
 
 
 def _diagonal_index(x, offset, dim1, dim2):
