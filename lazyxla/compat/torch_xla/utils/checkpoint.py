@@ -31,9 +31,7 @@ def checkpoint(function: Callable, *args, use_reentrant: bool = True, **kwargs):
     preserve = kwargs.pop("preserve_rng_state", True)
     if kwargs:
         raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
-    return torch.utils.checkpoint.checkpoint(
-        function, *args, use_reentrant=use_reentrant, preserve_rng_state=preserve
-    )
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=use_reentrant, preserve_rng_state=preserve)
 
 
 def __getattr__(name: str):

@@ -30,10 +30,8 @@ def _consolidate_param(state_dicts: list, metadata: dict, key: str, prefix: str,
     info = metadata["shard_info"][prefix][suffix]
     orig_size, orig_name = info["_orig_size"], info["_orig_name"]
     full = torch.cat([sd[key] for sd in state_dicts], dim=0)
-    if full.dim() == 1:  # flattened (and padded) shards
-        full = full[: math.prod(orig_size)].view(*orig_size)
-    else:  # shard_param_on_dim_0: padded along dim 0 only
-        full = full[: orig_size[0]]
+    # flattened (and padded) shards are 1-d; shard_param_on_dim_0 ones are padded along dim 0 only
+    full = full[: math.prod(orig_size)].view(*orig_size) if full.dim() == 1 else full[: orig_size[0]]
     return full, f"{prefix}.{orig_name}" if prefix else orig_name
 
 
@@ -79,9 +77,7 @@ def consolidate_sharded_state_dicts(state_dict_list: list, shard_metadata: dict)
     for name in [n for n in full if "_fsdp_wrapped_module.flat_param_" in n]:
         pieces, names = _unflatten(full.pop(name), flatten_info[name], name.rsplit(".", 1)[0])
         full.update(zip(names, pieces))
-    return OrderedDict(
-        (k.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", ""), v) for k, v in full.items()
-    )
+    return OrderedDict((k.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", ""), v) for k, v in full.items())
 
 
 def consolidate_sharded_model_checkpoints(

@@ -87,8 +87,12 @@ _UNIT_OPTIONS = (
     "_debug_dummy_optimization_barrier_op",
 )
 # debugging options of torch_xla that replace the real work by stand-ins: not offered
-_DEBUG_DUMMIES = ("_debug_dummy_forward_pass", "_debug_dummy_all_gather_op", "_debug_dummy_all_reduce_op",
-                  "_debug_dummy_reduce_scatter_op")
+_DEBUG_DUMMIES = (
+    "_debug_dummy_forward_pass",
+    "_debug_dummy_all_gather_op",
+    "_debug_dummy_all_reduce_op",
+    "_debug_dummy_reduce_scatter_op",
+)
 
 
 class TrainingState(Enum):
@@ -192,8 +196,8 @@ class XlaFullyShardedDataParallel(nn.Module):
     Example::
 
         policy = partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
-        model = XlaFullyShardedDataParallel(GPT(), auto_wrap_policy=policy,
-                                            auto_wrapper_callable=lambda m, *a, **k: FSDP(checkpoint_module(m), *a, **k))
+        checkpointed = lambda m, *args, **kwargs: FSDP(checkpoint_module(m), *args, **kwargs)
+        model = FSDP(GPT(), auto_wrap_policy=policy, auto_wrapper_callable=checkpointed)
         opt = torch.optim.AdamW(model.parameters())
         model(x).mean().backward(); opt.step(); xm.mark_step()
         xm.save({"model": model.state_dict(), "shard_metadata": model.get_shard_metadata()},
@@ -277,7 +281,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         params = [p for p in module.parameters() if not hasattr(p, "_is_sharded")]
         groups = []
         if flatten_parameters:  # trainable and frozen parameters flattened apart; then nothing is left unflattened
-            groups = [g for g in ([p for p in params if p.requires_grad], [p for p in params if not p.requires_grad]) if g]
+            trainable, frozen = [p for p in params if p.requires_grad], [p for p in params if not p.requires_grad]
+            groups = [g for g in (trainable, frozen) if g]
             params = []
         self._fsdp_wrapped_module = XlaFlattenParamsWrapper(module, param_list=groups, auto_unflatten_state_dict=False)
         del module
@@ -666,7 +671,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         elif norm_type == math.inf:
             local = torch.stack([g.abs().max() for g in grads]).max()
         else:
-            local = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads]), norm_type)
+            norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
+            local = torch.linalg.vector_norm(norms, norm_type)
         if norm_type == math.inf:
             total = xm.all_reduce(xm.REDUCE_MAX, local, groups=groups)
         else:
