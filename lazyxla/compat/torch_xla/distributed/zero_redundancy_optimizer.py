@@ -116,7 +116,9 @@ class ZeroRedundancyOptimizer(Optimizer):
             if self.global_rank in group:
                 self.local_rank = list(group).index(self.global_rank)
         if self.local_rank is None:
-            raise ValueError(f"Current rank {self.global_rank} is missing from the sharding_groups {self.sharding_groups}")
+            raise ValueError(
+                f"Current rank {self.global_rank} is missing from the sharding_groups {self.sharding_groups}"
+            )
         self.base_optimizer = self.optimizer_class(self._shard_parameters(), **self.defaults)
         self._sync_param_groups(self.param_groups, self.base_optimizer.param_groups)
         self.inited = True
@@ -235,7 +237,9 @@ class ZeroRedundancyOptimizer(Optimizer):
             return
         grads = []
         for param, shard in pairs:
-            grad = self._pad_to_world_size(shard.main_grad if self.use_grad_acc_hook else param.grad, self.local_world_size)
+            grad = self._pad_to_world_size(
+                shard.main_grad if self.use_grad_acc_hook else param.grad, self.local_world_size
+            )
             grads.append(grad.to(self.optimizer_dtype) if self.higher_cc_precision else grad)
         for stage in scheme:
             grads = xm.reduce_scatter(

@@ -52,7 +52,8 @@ def _split_shard_key(key: str) -> tuple[str, str] | None:
 
 def consolidate_sharded_state_dicts(state_dict_list: list, shard_metadata: dict) -> OrderedDict:
     """The unwrapped model's state dict from every replica's ``model.state_dict()`` (sorted by rank) and one
-    replica's ``model.get_shard_metadata()``. Buffers are taken from rank 0.
+    replica's ``model.get_shard_metadata()``. Buffers are taken from rank 0. A tied parameter appears under each
+    of its names.
 
     Example::
 
@@ -77,7 +78,12 @@ def consolidate_sharded_state_dicts(state_dict_list: list, shard_metadata: dict)
     for name in [n for n in full if "_fsdp_wrapped_module.flat_param_" in n]:
         pieces, names = _unflatten(full.pop(name), flatten_info[name], name.rsplit(".", 1)[0])
         full.update(zip(names, pieces))
-    return OrderedDict((k.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", ""), v) for k, v in full.items())
+    full = OrderedDict((k.replace("_fsdp_wrapped_module.", "").replace("_fpw_module.", ""), v) for k, v in full.items())
+    # lazyxla's addition (torch_xla's files lack it, and its own consolidation ignores it): a tied parameter under
+    # each of its names, so that the state dict loads strictly into the tied model
+    for name, aliases in shard_metadata.get("shared_info", {}).items():
+        full.update((alias, full[name]) for alias in aliases)
+    return full
 
 
 def consolidate_sharded_model_checkpoints(

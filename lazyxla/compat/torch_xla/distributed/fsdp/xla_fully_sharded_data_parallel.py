@@ -330,6 +330,7 @@ class XlaFullyShardedDataParallel(nn.Module):
         self._placeholder = torch.zeros(1, dtype=self.compute_dtype, device=self.xla_device)
         wanted = {id(p) for p in params_to_shard}
         bindings: dict[int, list[tuple[nn.Module, str]]] = {}
+        aliases: dict[int, list[str]] = {}
         infos = []
         for module_name, m in self.named_modules():
             for n, p in m.named_parameters(recurse=False):
@@ -339,12 +340,15 @@ class XlaFullyShardedDataParallel(nn.Module):
                     raise TypeError("only fp32 parameters are supported")
                 if id(p) not in bindings:
                     infos.append((module_name, n, p))
-                    bindings[id(p)] = []
+                    bindings[id(p)], aliases[id(p)] = [], []
+                else:  # a parameter shared by two modules (tied weights): one shard, bound to both
+                    aliases[id(p)].append(f"{module_name}.{n}")
                 bindings[id(p)].append((m, n))
         if len(infos) != len(wanted):
             raise AssertionError("there are parameters in params_to_shard not belonging to this module")
         self.sharded_params: list[nn.Parameter] = []
         self._bindings: list[list[tuple[nn.Module, str]]] = []
+        self._aliases: list[list[str]] = []  # the other names of each shard's parameter, as bound
         for module_name, n, p in infos:
             shard = nn.Parameter(self._get_shard(p.detach()).to(self.xla_device), requires_grad=p.requires_grad)
             shard._is_sharded = True
@@ -354,6 +358,7 @@ class XlaFullyShardedDataParallel(nn.Module):
             self.register_parameter(shard._name, shard)
             self.sharded_params.append(shard)
             self._bindings.append(bindings[id(p)])
+            self._aliases.append(aliases[id(p)])
             for m, attr in bindings[id(p)]:
                 delattr(m, attr)
                 object.__setattr__(m, attr, self._placeholder)
@@ -720,6 +725,10 @@ class XlaFullyShardedDataParallel(nn.Module):
                 for i in range(len(m.flat_param_names)):
                     key = f"{module_name}.flat_param_{i}" if module_name else f"flat_param_{i}"
                     flatten_info[key] = m.metadata(i)
+        shared_info = {
+            _clean_name(prefix + name): [_clean_name(prefix + alias) for alias in aliases]
+            for prefix, name, aliases in self._shared_names()
+        }
         buffer_info = {
             name.replace("_fpw_module.", ""): {"_orig_dtype": buf._orig_dtype}
             for name, buf in self.named_buffers()
@@ -729,9 +738,25 @@ class XlaFullyShardedDataParallel(nn.Module):
             "shard_info": shard_info,
             "flatten_info": flatten_info,
             "buffer_info": buffer_info,
+            "shared_info": shared_info,
             "world_size": self.world_size,
             "rank": self.rank,
         }
+
+    def _shared_names(self) -> Iterator[tuple[str, str, list[str]]]:
+        """(unit prefix, name, other names) of every parameter bound under several names (tied weights), in this
+        unit and the units under it; the names relative to the unit."""
+        for module_name, m in self.named_modules():
+            if not isinstance(m, XlaFullyShardedDataParallel):
+                continue
+            prefix = f"{module_name}." if module_name else ""
+            for p, aliases in zip(m.sharded_params, m._aliases):
+                if aliases:
+                    yield prefix, p._orig_name, aliases
+            wrapper = m._fsdp_wrapped_module
+            for _, shared, _, _ in wrapper._flat_meta:
+                for module_name_, first_name, _, n, _, first_n in shared:
+                    yield f"{prefix}_fsdp_wrapped_module.", f"{first_name}.{first_n}", [f"{module_name_}.{n}"]
 
 
 def _clean_name(name: str) -> str:
