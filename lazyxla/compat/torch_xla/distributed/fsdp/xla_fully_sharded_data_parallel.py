@@ -39,6 +39,7 @@ import contextlib
 import functools
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from enum import Enum, auto
 from typing import Any
@@ -115,13 +116,16 @@ class _GatherFull(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, unit, *shards):
-        ctx.unit = unit
+        # a weak reference: the unit's modules hold the outputs, whose graph holds ctx (through C++, which the
+        # garbage collector cannot see), so a strong one would keep a model alive forever
+        ctx.unit = weakref.ref(unit)
         ctx.set_materialize_grads(False)
         return tuple(unit._all_gather(shards))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, *ctx.unit._reduce_scatter(grads))
+        unit = ctx.unit()
+        return (None, *(unit._reduce_scatter(grads) if unit is not None else [None] * len(grads)))
 
 
 class _EndOfBackward(torch.autograd.Function):
@@ -131,13 +135,15 @@ class _EndOfBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, root, *shards):
-        ctx.root = root
+        ctx.root = weakref.ref(root)  # weak, as _GatherFull's unit
         ctx.set_materialize_grads(False)
         return tuple(s.view_as(s) for s in shards)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.root._finish_backward()
+        root = ctx.root()
+        if root is not None:
+            root._finish_backward()
         return (None, *grads)
 
 
@@ -559,16 +565,19 @@ class XlaFullyShardedDataParallel(nn.Module):
 
     def _reset_lazy_init(self) -> None:
         self._is_root: bool | None = None
-        self._units: list[XlaFullyShardedDataParallel] = []
         self._alias: dict[int, torch.Tensor] = {}
         self.reshard_after_forward = self._orig_reshard_after_forward
+
+    def _units(self) -> list[XlaFullyShardedDataParallel]:
+        # found each time, not kept: a list holding the root would make a reference cycle, which lazyxla's
+        # gc.freeze() at the first sync would keep alive after the model is dropped
+        return [m for m in self.modules() if isinstance(m, XlaFullyShardedDataParallel)]
 
     def _lazy_init(self) -> None:
         """At the first forward: the outermost unit called becomes the root of the units under it."""
         if self._is_root is None:
             self._is_root = True
-            self._units = [m for m in self.modules() if isinstance(m, XlaFullyShardedDataParallel)]
-            for unit in self._units[1:]:
+            for unit in self._units()[1:]:
                 if unit._is_root is None:
                     unit._is_root = False
             if self._debug_print:
@@ -597,9 +606,9 @@ class XlaFullyShardedDataParallel(nn.Module):
         return outputs
 
     def _begin_root_forward(self) -> None:
-        shards = [p for unit in self._units for p in unit.sharded_params if p.requires_grad]
+        shards = [p for unit in self._units() for p in unit.sharded_params if p.requires_grad]
         if shards:
-            for unit in self._units:
+            for unit in self._units():
                 unit._alias = self._alias
             self._alias.update(zip(map(id, shards), _EndOfBackward.apply(self, *shards)))
 
@@ -622,7 +631,7 @@ class XlaFullyShardedDataParallel(nn.Module):
 
     def _finish_backward(self) -> None:
         """The root's end of backward: every unit drops its full parameters and is idle again."""
-        for unit in self._units:
+        for unit in self._units():
             unit._free_full_params()
             unit.training_state = TrainingState.IDLE
         if self.sync_on_finalization:
