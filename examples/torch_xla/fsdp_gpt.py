@@ -16,7 +16,8 @@ Each configuration (``--configs``) trains the same initial model on the same dat
 * ``size``: ``size_based_auto_wrap_policy`` (units for the attention and feed-forward layers), parameters sharded
   along dim 0 (``shard_param_on_dim_0``);
 * ``nested``: layers wrapped by hand, default options, two micro-batches per step accumulated under
-  ``model.no_sync()``.
+  ``model.no_sync()``;
+* ``replicated``: no FSDP, the usual data parallelism (``xm.reduce_gradients``): the baseline of the memory report.
 
 Printed per replica: ``loss config=C rank=R step=S value=V grad_norm=G`` per step, then ``memory config=C rank=R
 params=P full_params=F optimizer_state=O full_optimizer_state=FO device_bytes=B`` (what the replica holds after
@@ -36,13 +37,13 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
-from tiny_gpt import DecoderLayer, TinyGPT, token_dataset
+from tiny_gpt import DecoderLayer, TinyGPT, device_bytes, token_dataset
 from torch.utils.data import DataLoader, DistributedSampler
 from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
 from torch_xla.distributed.fsdp import checkpoint_module, consolidate_sharded_model_checkpoints
 from torch_xla.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-CONFIGS = ("transformer", "size", "nested")
+CONFIGS = ("transformer", "size", "nested", "replicated")
 
 
 def parse_args(argv=None):
@@ -69,7 +70,7 @@ def build(config, flags):
     elif config == "size":
         policy = functools.partial(size_based_auto_wrap_policy, min_num_params=flags.min_num_params)
         model = FSDP(model, auto_wrap_policy=policy, shard_param_on_dim_0=True)
-    else:
+    elif config == "nested":
         for i, layer in enumerate(model.layers):
             model.layers[i] = FSDP(layer)
         model = FSDP(model)
@@ -84,6 +85,8 @@ def train(flags, config, device):
     torch.manual_seed(flags.seed)  # the same initial weights in every replica
     world, rank = xr.world_size(), xr.global_ordinal()
     model, full_params = build(config, flags)
+    if config == "replicated":
+        model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=flags.lr)
     data = token_dataset(flags.batch_size * flags.steps * world, seed=0)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False)
@@ -102,11 +105,16 @@ def train(flags, config, device):
         else:
             loss = loss_of(model, tokens, targets)
             loss.backward()
-        grad_norm = model.clip_grad_norm_(max_norm)
+        if config == "replicated":
+            xm.reduce_gradients(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        else:
+            grad_norm = model.clip_grad_norm_(max_norm)
         optimizer.step()  # not xm.optimizer_step: FSDP has reduce-scattered the gradients
         xm.add_step_closure(_report_step, args=(config, rank, step, loss, grad_norm))
     report_memory(config, model, optimizer, full_params)
-    check_consolidation(flags, config, model, optimizer, device)
+    if config != "replicated":
+        check_consolidation(flags, config, model, optimizer, device)
 
 
 def report_memory(config, model, optimizer, full_params):
@@ -119,15 +127,6 @@ def report_memory(config, model, optimizer, full_params):
         f"full_optimizer_state={2 * full_params} device_bytes={device_bytes()}",
         flush=True,
     )
-
-
-def device_bytes():
-    """Bytes of every buffer alive on this replica's device (lazyxla runs on jax; -1 elsewhere)."""
-    try:
-        import jax  # lazyxla's runtime: the one way to list what the device holds
-    except ImportError:
-        return -1
-    return sum(a.nbytes for a in jax.live_arrays())
 
 
 def check_consolidation(flags, config, model, optimizer, device):

@@ -1,4 +1,5 @@
-"""The tiny GPT and token data that ``fsdp_gpt.py`` and ``zero1_gpt.py`` train (CPU-sized on purpose).
+"""The tiny GPT and token data that ``fsdp_gpt.py`` and ``zero1_gpt.py`` train (CPU-sized on purpose), and how
+they measure what a replica's device holds.
 
 A pre-norm decoder: token embedding tied to the output projection (GPT-2's tie), a learned position table held
 directly by the model, ``nn.MultiheadAttention`` layers without biases (a key bias gets no gradient signal
@@ -56,3 +57,12 @@ def token_dataset(samples, seed, vocab=96, context=32):
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, vocab, (samples, context + 1), generator=g)
     return TensorDataset(seq[:, :-1], seq[:, 1:])
+
+
+def device_bytes():
+    """Bytes of every buffer alive on this replica's device (lazyxla runs on jax; -1 elsewhere)."""
+    try:
+        import jax  # lazyxla's runtime: the one way to list what the device holds
+    except ImportError:
+        return -1
+    return sum(a.nbytes for a in jax.live_arrays())

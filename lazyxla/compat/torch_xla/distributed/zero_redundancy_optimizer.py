@@ -325,7 +325,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         for stage in reversed(scheme):
             gathered = xm.all_gather(gathered, dim=0, groups=stage["sharding_group"], pin_layout=False)
         for (param, _), full in zip(pairs, gathered):
-            param.detach().copy_(full[: param.size(0)])
+            # into the parameter itself (no_grad): an alias (.data, .detach()) would keep one more full-size buffer
+            param.copy_(full[: param.size(0)])
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """The parameters' gradients zeroed (or dropped), and ``main_grad`` zeroed with ``use_grad_acc_hook``.
@@ -385,7 +386,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             self.param_groups, self.base_optimizer.param_groups, state_dict["param_groups"]
         ):
             for param, shard, index in zip(group["params"], base_group["params"], loaded["params"]):
-                shard.data.copy_(weights[index])
+                shard.copy_(weights[index])
                 if self.use_grad_acc_hook:  # a gradient marks the parameter for the all-gather below
                     shard.main_grad = torch.zeros(param.shape, dtype=self.optimizer_dtype, device=self.device)
                     param.main_grad = shard.main_grad
