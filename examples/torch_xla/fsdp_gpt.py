@@ -19,7 +19,8 @@ Each configuration (``--configs``) trains the same initial model on the same dat
   ``model.no_sync()``;
 * ``replicated``: no FSDP, the usual data parallelism (``xm.reduce_gradients``): the baseline of the memory report.
 
-Printed per replica: ``loss config=C rank=R step=S value=V grad_norm=G`` per step, then ``memory config=C rank=R
+Printed per replica: ``loss config=C rank=R step=S value=V grad_norm=G compiles=N fallbacks=F`` per step (the
+programs compiled so far, the ops that ran on the CPU), then ``memory config=C rank=R
 params=P full_params=F optimizer_state=O full_optimizer_state=FO device_bytes=B`` (what the replica holds after
 training: its parameter shards and optimizer state against the unsharded model's, and every buffer alive on its
 device), and ``consolidated config=C rank=R loss=L fsdp_loss=L2`` (the held-out loss of the consolidated
@@ -34,6 +35,7 @@ import os
 import torch
 import torch.nn.functional as F
 import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
@@ -158,8 +160,15 @@ def check_consolidation(flags, config, model, optimizer, device):
 
 def _report_step(config, rank, step, loss, grad_norm):
     print(
-        f"loss config={config} rank={rank} step={step} value={loss.item()!r} grad_norm={grad_norm.item()!r}", flush=True
+        f"loss config={config} rank={rank} step={step} value={loss.item()!r} grad_norm={grad_norm.item()!r} "
+        f"compiles={met.counter_value('UncachedCompile') or 0} fallbacks={cpu_fallbacks()}",
+        flush=True,
     )
+
+
+def cpu_fallbacks():
+    """How many ops ran on the CPU instead of the device (torch_xla counts them as aten::<op>)."""
+    return sum(met.counter_value(n) for n in met.counter_names() if n.startswith("aten::"))
 
 
 def _mp_fn(index, flags):

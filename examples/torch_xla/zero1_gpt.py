@@ -8,7 +8,8 @@ a new model and optimizer, loads both and trains on. It imports only torch_xla:
 
     CPU_NUM_DEVICES=2 python -m lazyxla.run examples/torch_xla/zero1_gpt.py --ckpt-dir /tmp/zero1_gpt
 
-Printed per replica: ``loss rank=R step=S value=V grad_norm=G`` per step; ``memory rank=R params=P
+The master saves the trained model as ``zero1_final.pth``. Printed per replica: ``loss rank=R step=S value=V
+grad_norm=G compiles=C fallbacks=F`` per step; ``memory rank=R params=P
 master_weights=M optimizer_state=O full_optimizer_state=FO device_bytes=B``; and ``collectives rank=R ...``, the
 results of ``xm.reduce_scatter`` and ``xm.all_gather`` into ``output=`` tensors (which take the results' data).
 """
@@ -19,9 +20,11 @@ import os
 import torch
 import torch.nn.functional as F
 import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
+from fsdp_gpt import cpu_fallbacks
 from tiny_gpt import TinyGPT, device_bytes, token_dataset
 from torch.utils.data import DataLoader, DistributedSampler
 from torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer
@@ -81,6 +84,7 @@ def train(flags, device):
             xm.mark_step()
             model, optimizer = resume(flags, model, optimizer, device)
     report_memory(model, optimizer)
+    xm.save(model.state_dict(), os.path.join(flags.ckpt_dir, "zero1_final.pth"))  # the master writes it
 
 
 def report_memory(model, optimizer):
@@ -113,7 +117,11 @@ def check_output_collectives(device):
 
 
 def _report_step(rank, step, loss, grad_norm):
-    print(f"loss rank={rank} step={step} value={loss.item()!r} grad_norm={grad_norm.item()!r}", flush=True)
+    print(
+        f"loss rank={rank} step={step} value={loss.item()!r} grad_norm={grad_norm.item()!r} "
+        f"compiles={met.counter_value('UncachedCompile') or 0} fallbacks={cpu_fallbacks()}",
+        flush=True,
+    )
 
 
 def _mp_fn(index, flags):
