@@ -28,6 +28,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import lazyxla
 import lazyxla.compat as compat
+from lazyxla.compat.torch_xla.core import xla_model as xm
+from lazyxla.compat.torch_xla.distributed import fsdp as xfsdp
+from lazyxla.compat.torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+from lazyxla.compat.torch_xla.distributed.fsdp import checkpoint_module, consolidate_sharded_state_dicts, wrap
+from lazyxla.compat.torch_xla.distributed.fsdp.consolidate_sharded_ckpts import main as consolidate_main
+from lazyxla.compat.torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel import TrainingState
+from lazyxla.compat.torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 from tests.util import ROOT, run_python
 
 EXAMPLES = ROOT / "examples" / "torch_xla"
@@ -50,15 +57,6 @@ def _load(name: str):
 
 
 gpt = _load("tiny_gpt")  # the model and data of both scripts (plain PyTorch)
-
-
-@pytest.fixture
-def xla():
-    assert compat.install()
-    import torch_xla
-
-    yield torch_xla
-    compat.uninstall()
 
 
 def _loss(model, tokens, targets):
@@ -214,3 +212,356 @@ def test_zero1_script_shards_optimizer_state_and_trains_like_one_process(tmp_pat
         f"{m['device_bytes']} ({m['device_bytes'] / (16 * m['params']):.3f} of params+grads+AdamW replicated), "
         f"losses {worst:.1e}, params {diff:.1e}"
     )
+
+
+# --- one replica, in this process ----------------------------------------------------------------------------
+
+
+def test_torch_xla_names_resolve_to_the_layer():
+    assert compat.install()
+    try:
+        import torch_xla.distributed.fsdp as fsdp  # the layer must be installed first (the fixture-free way)
+        from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer as Zero
+        from torch_xla.utils.checkpoint import checkpoint
+
+        assert fsdp.XlaFullyShardedDataParallel is FSDP and fsdp.checkpoint_module is checkpoint_module
+        assert transformer_auto_wrap_policy is wrap.transformer_auto_wrap_policy and Zero is ZeroRedundancyOptimizer
+        assert checkpoint.__module__ == "lazyxla.compat.torch_xla.utils.checkpoint"
+    finally:
+        compat.uninstall()
+
+
+SIGNATURES = {
+    FSDP.__init__: (
+        "module reshard_after_forward flatten_parameters execute_sharding_on_init optimization_barrier_in_forward "
+        "optimization_barrier_in_backward sync_on_finalization disable_reshard_on_root compute_dtype buffer_dtype "
+        "fp32_reduce_scatter sharding_groups sharding_rank sharding_world_size shard_param_on_dim_0 "
+        "pin_layout_in_collective_ops reduce_scatter_bucket_size_mb coalesce_all_gather_ops auto_wrap_policy "
+        "auto_wrapper_callable param_init_fn _shard_size_multiple _use_xla_patched_linear _debug_dummy_forward_pass "
+        "_debug_msg _debug_print _debug_dummy_all_gather_op _debug_dummy_all_reduce_op "
+        "_debug_dummy_reduce_scatter_op _debug_dummy_optimization_barrier_op"
+    ),
+    FSDP.clip_grad_norm_: "max_norm norm_type groups",
+    ZeroRedundancyOptimizer.__init__: (
+        "params optimizer_class optimizer_dtype grad_clipping max_norm pin_layout sharding_groups grad_norm_groups "
+        "lazy_init bucket_cap_mb_all_gather bucket_cap_mb_reduce_scatter use_grad_acc_hook save_master_weights "
+        "higher_cc_precision defaults"
+    ),
+    wrap.size_based_auto_wrap_policy: "module recurse unwrapped_params min_num_params force_leaf_modules "
+    "exclude_wrap_modules",
+    wrap.transformer_auto_wrap_policy: "module recurse unwrapped_params transformer_layer_cls",
+    wrap.recursive_wrap: "module auto_wrap_policy wrapper_cls ignored_modules ignored_params only_wrap_children kwargs",
+    xfsdp.consolidate_sharded_model_checkpoints: "ckpt_prefix ckpt_suffix save_path save_model",
+    xfsdp.consolidate_sharded_state_dicts: "state_dict_list shard_metadata",
+}
+
+
+@pytest.mark.parametrize("fn", list(SIGNATURES), ids=lambda f: f.__qualname__)
+def test_signatures_take_torch_xla_argument_names(fn):
+    assert [p for p in inspect.signature(fn).parameters if p != "self"] == SIGNATURES[fn].split()
+
+
+def _transformer_fsdp(**options):
+    policy = functools.partial(wrap.transformer_auto_wrap_policy, transformer_layer_cls={gpt.DecoderLayer})
+    return FSDP(gpt.TinyGPT(), auto_wrap_policy=policy, **options)
+
+
+def test_units_names_placeholders_and_consolidation(dev, tmp_path):
+    torch.manual_seed(0)
+    original = gpt.TinyGPT()
+    torch.manual_seed(0)
+    model = _transformer_fsdp()
+    units = [m for m in model.modules() if isinstance(m, FSDP)]
+    assert len(units) == 3 and all(isinstance(layer, FSDP) for layer in model.module.module.layers)
+    assert all("_fsdp_shard_FSDP_SHARD_SEPARATOR_" in n for n, _ in model.named_parameters())
+    assert all(p.device == dev for p in model.parameters())
+    head = model.module.module.head
+    assert head.weight.numel() == 1  # freed: the placeholder until the unit gathers
+    model(gpt.token_dataset(2, seed=0)[:][0].to(dev)).sum().backward()
+    assert head.weight.numel() == 1 and all(u.training_state == TrainingState.IDLE for u in units)
+    names = dict(model.get_original_names_and_sharded_parameters())
+    assert set(names) == {n for n, _ in original.named_parameters()}  # the tied head is embed.weight's name
+    meta = model.get_shard_metadata()
+    assert (meta["rank"], meta["world_size"]) == (0, 1) and meta["shared_info"] == {"embed.weight": ["head.weight"]}
+    assert set(meta["shard_info"]) == {"", "_fsdp_wrapped_module.layers.0", "_fsdp_wrapped_module.layers.1"}
+    # consolidation is independent of training: compare with the initial weights, saved before any step
+    lazyxla.sync()
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    full = consolidate_sharded_state_dicts([state], meta)
+    restored = gpt.TinyGPT()
+    restored.load_state_dict(full)  # strict, tied names included
+    for name, value in original.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], value), name
+    torch.save({"model": state, "shard_metadata": meta}, tmp_path / "ckpt_rank-0.pth")
+    consolidate_main(["--ckpt_prefix", str(tmp_path / "ckpt"), "--ckpt_suffix", "_rank-*.pth"])
+    saved = torch.load(tmp_path / "ckpt_consolidated.pth")["model"]
+    assert saved.keys() == full.keys() and all(torch.equal(saved[k], full[k]) for k in full)
+
+
+CONFIGS = {
+    "flat+checkpoint": dict(
+        flatten_parameters=True,
+        auto_wrapper_callable=lambda m, *a, **k: FSDP(checkpoint_module(m), *a, **k),
+    ),
+    "dim0+size": dict(shard_param_on_dim_0=True),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_one_replica_trains_like_eager(config, dev):
+    torch.manual_seed(1)
+    eager = gpt.TinyGPT()
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=LR)
+    torch.manual_seed(1)
+    if config == "dim0+size":
+        policy = functools.partial(wrap.size_based_auto_wrap_policy, min_num_params=10_000)
+        model = FSDP(gpt.TinyGPT(), auto_wrap_policy=policy, **CONFIGS[config])
+    else:
+        model = _transformer_fsdp(**CONFIGS[config])
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    data = gpt.token_dataset(12, seed=0)
+    compiles = []
+    for step in range(3):
+        tokens, targets = data[4 * step : 4 * step + 4]
+        loss = _loss(model, tokens.to(dev), targets.to(dev))
+        loss.backward()
+        norm = model.clip_grad_norm_(MAX_NORM)
+        opt.step()
+        opt.zero_grad()
+        xm.mark_step()
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+        eager_loss = _loss(eager, tokens, targets)
+        eager_loss.backward()
+        eager_norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), MAX_NORM)
+        eager_opt.step()
+        eager_opt.zero_grad()
+        assert loss.item() == pytest.approx(eager_loss.item(), rel=RTOL)
+        assert norm.item() == pytest.approx(eager_norm.item(), rel=RTOL)
+    assert compiles[2] == compiles[1], compiles  # the third step compiled nothing
+    lazyxla.sync()
+    full = consolidate_sharded_state_dicts([model.state_dict()], model.get_shard_metadata())
+    assert _param_diff({k: v.cpu() for k, v in full.items()}, eager) < PARAM_ATOL
+
+
+def test_no_sync_keeps_full_gradients_until_the_next_synchronized_backward(dev):
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model = FSDP(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), FSDP(nn.Linear(8, 3))))
+    model.load_state_dict({k: v for k, v in zip(model.state_dict(), _sharded_like(model, eager))})
+    x1, x2 = torch.randn(4, 6), torch.randn(4, 6)
+    with model.no_sync():
+        model(x1.to(dev)).square().sum().backward()
+    assert all(p.grad is None for p in model.parameters())  # nothing reduce-scattered yet
+    model(x2.to(dev)).square().sum().backward()
+    for x in (x1, x2):
+        eager(x).square().sum().backward()
+    shards = model.state_dict(keep_vars=True)  # the parameters under their state-dict names
+    grads = consolidate_sharded_state_dicts([{n: p.grad.cpu() for n, p in shards.items()}], model.get_shard_metadata())
+    for name, p in eager.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6)
+
+
+def _sharded_like(model: FSDP, eager: nn.Module) -> list[torch.Tensor]:
+    """``eager``'s parameters as ``model``'s (one-replica) shards: flattened and padded like them."""
+    named = dict(eager.named_parameters())
+    out = []
+    for name, shard in model.get_original_names_and_sharded_parameters():
+        flat = named[name].detach().flatten()
+        out.append(F.pad(flat, [0, shard.numel() - flat.numel()]))
+    return out
+
+
+def test_checkpoint_module_recomputes_the_forward_in_backward(dev):
+    calls = []
+
+    class Counted(nn.Linear):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    plain = FSDP(nn.Sequential(nn.Linear(4, 4), FSDP(Counted(4, 4))))
+    torch.manual_seed(0)
+    checkpointed = FSDP(nn.Sequential(nn.Linear(4, 4), FSDP(checkpoint_module(Counted(4, 4)))))
+    x = torch.randn(3, 4)
+    grads = []
+    for model in (plain, checkpointed):
+        calls.clear()
+        model(x.to(dev)).sum().backward()
+        grads.append([p.grad.cpu() for p in model.parameters()])
+        assert len(calls) == (1 if model is plain else 2)  # checkpointed: the forward runs again in backward
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    calls.clear()
+    with torch.no_grad():
+        checkpointed(x.to(dev))
+    assert len(calls) == 1
+
+
+def test_unused_submodule_and_always_wrap_policy(dev):
+    """torch_xla's test_fsdp_auto_wrap: a unit whose output does not reach the loss must not break backward."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 4), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc1(x), self.fc2(x)
+
+    model = FSDP(TwoHeads(), auto_wrap_policy=wrap.always_wrap_policy)
+    assert isinstance(model.module.module.fc1, FSDP) and isinstance(model.module.module.fc2, FSDP)
+    hid1, _ = model(torch.zeros(16, 16, device=dev))
+    hid1.sum().backward()
+    xm.mark_step()
+    fc1, fc2 = model.module.module.fc1, model.module.module.fc2
+    assert all(p.grad is not None for p in fc1.parameters()) and all(p.grad is None for p in fc2.parameters())
+    assert not fc1.has_full_params and not fc2.has_full_params  # every unit gave its full parameters back
+
+
+def test_size_based_policy_keeps_attention_whole_and_never_wraps_module_lists():
+    assert nn.MultiheadAttention in wrap.size_based_auto_wrap_policy.FORCE_LEAF_MODULES
+    policy = functools.partial(wrap.size_based_auto_wrap_policy, min_num_params=10_000)
+    model = FSDP(gpt.TinyGPT(), auto_wrap_policy=policy)
+    wrapped = {type(m.module.module).__name__ for m in model.modules() if isinstance(m, FSDP) and m is not model}
+    # the feed-forward Linears, then each layer's remainder: its attention (16k parameters) is a "force leaf" that
+    # the search does not enter, and, as in torch_xla's recursive_wrap, is then not wrapped on its own either
+    assert wrapped == {"DecoderLayer", "Linear"}
+    lam = functools.partial(wrap.lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.LayerNorm))
+    model = FSDP(gpt.TinyGPT(), auto_wrap_policy=lam)
+    assert sum(isinstance(m, FSDP) for m in model.modules()) == 1 + 5  # 2 norms per layer, the final one
+
+
+def test_a_dropped_model_is_freed_by_reference_counting(dev):
+    """No reference cycle: lazyxla freezes the garbage collector at the first sync, so a model in a cycle would
+    never be freed."""
+    model = _transformer_fsdp(flatten_parameters=True)
+    opt = torch.optim.AdamW(model.parameters())
+    tokens, targets = gpt.token_dataset(2, seed=0)[:]
+    _loss(model, tokens.to(dev), targets.to(dev)).backward()
+    opt.step()
+    _loss(model, tokens.to(dev), targets.to(dev))  # a forward whose backward never comes
+    xm.mark_step()
+    alive = weakref.ref(model)
+    gc.disable()
+    try:
+        del model, opt
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
+def test_mixed_precision_computes_in_bf16_and_keeps_fp32_shards(dev):
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    model = FSDP(nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2)), compute_dtype=torch.bfloat16)
+    model.load_state_dict({k: v for k, v in zip(model.state_dict(), _sharded_like(model, eager))})
+    x = torch.randn(5, 8)
+    out = model(x.to(dev))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    torch.testing.assert_close(out.float().cpu(), eager(x), rtol=2e-2, atol=2e-2)
+
+
+def test_wrong_uses_raise_as_torch_xla_does():
+    with pytest.raises(RuntimeError, match="forward"):
+        FSDP(nn.ModuleList([nn.Linear(2, 2)]))
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        FSDP(FSDP(nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="NOT be FullyShardedDataParallel"):
+        FSDP(nn.Sequential(FSDP(nn.Linear(2, 2))), auto_wrap_policy=wrap.always_wrap_policy)
+    with pytest.raises(TypeError, match="fp32"):
+        FSDP(nn.Linear(2, 2).half())
+    with pytest.raises(ValueError, match="compute_dtype"):
+        FSDP(nn.Linear(2, 2), compute_dtype=torch.int32)
+    with pytest.raises(ValueError, match="sharding_rank"):
+        FSDP(nn.Linear(2, 2), sharding_groups=[[0]])
+    with pytest.raises(NotImplementedError, match="_debug_dummy_all_gather_op"):
+        FSDP(nn.Linear(2, 2), _debug_dummy_all_gather_op=True)
+    inner = FSDP(nn.Linear(2, 2))
+    outer = FSDP(nn.Sequential(inner))
+    outer(torch.zeros(1, 2, device=lazyxla.device()))
+    with pytest.raises(AssertionError, match="root"):
+        inner.clip_grad_norm_(1.0)
+
+
+def test_collective_outputs_take_the_results_data(dev):
+    x = torch.arange(6.0).reshape(2, 3).to(dev)
+    out = torch.zeros(7, device=dev)  # any shape: the result replaces the data, as in torch_xla
+    assert xm.reduce_scatter(xm.REDUCE_SUM, x, 0.5, 0, 1, output=out) is out
+    assert out.shape == (2, 3) and torch.equal(out.cpu(), x.cpu() / 2)
+    outs = [torch.zeros(1, device=dev), torch.zeros(1, device=dev)]
+    assert xm.all_gather([x, 2 * x], output=outs, pin_layout=False) is outs
+    assert torch.equal(outs[1].cpu(), 2 * x.cpu())
+    with pytest.raises(ValueError, match="length"):
+        xm.all_gather([x, x], output=[out], pin_layout=False)
+    with pytest.raises(TypeError, match="list of Tensors"):
+        xm.reduce_scatter(xm.REDUCE_SUM, [x], 1.0, 0, 1, output=out)
+    with pytest.raises(TypeError, match="on the device"):
+        xm.all_gather(x, output=torch.zeros(2, 3))
+
+
+def test_zero1_in_one_replica_trains_like_eager_and_reloads(dev, tmp_path):
+    torch.manual_seed(1)
+    eager = gpt.TinyGPT()
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=LR)
+    torch.manual_seed(1)
+    model = gpt.TinyGPT().to(dev)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.AdamW, lr=LR, max_norm=MAX_NORM, save_master_weights=True
+    )
+    data = gpt.token_dataset(8, seed=0)
+    for step in range(2):
+        tokens, targets = data[4 * step : 4 * step + 4]
+        loss = _loss(model, tokens.to(dev), targets.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xm.mark_step()
+        eager_loss = _loss(eager, tokens, targets)
+        eager_loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), MAX_NORM)
+        eager_opt.step()
+        eager_opt.zero_grad()
+        assert loss.item() == pytest.approx(eager_loss.item(), rel=RTOL)
+        assert opt.grad_norm.item() == pytest.approx(norm.item(), rel=RTOL)
+    assert _param_diff({k: v.cpu() for k, v in model.state_dict().items()}, eager) < PARAM_ATOL
+    state = xm._maybe_convert_to_cpu(opt.state_dict())
+    assert {"base_state", "shape_info", "sharded_master_weights"} <= set(state)
+    # torch_xla's test_zero1_load: another model and optimizer (other weights, other lr) take the saved state
+    other = gpt.TinyGPT().to(dev)
+    reloaded = ZeroRedundancyOptimizer(other.parameters(), torch.optim.AdamW, lr=0.5, max_norm=MAX_NORM)
+    reloaded.load_state_dict(state)
+    again = xm._maybe_convert_to_cpu(reloaded.state_dict())
+    assert again["param_groups"] == state["param_groups"] and again["shape_info"] == state["shape_info"]
+    for index, entry in state["base_state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(again["base_state"][index][key], value, rtol=0, atol=0)
+    for (name, p), q in zip(model.named_parameters(), other.parameters()):  # the master weights, gathered
+        assert torch.equal(p.cpu(), q.cpu()), name
+
+
+def test_zero1_accumulation_hook_and_lazy_init(dev):
+    torch.manual_seed(0)
+    eager = nn.Linear(5, 3)
+    model = nn.Linear(5, 3).to(dev)
+    model.load_state_dict(eager.state_dict())
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.SGD, lr=0.1, grad_clipping=False, use_grad_acc_hook=True, lazy_init=True
+    )
+    with pytest.raises(AssertionError, match="init_zero"):
+        opt.step()
+    opt.sharding_groups = [[0]]
+    opt.init_zero()
+    with pytest.raises(AssertionError, match="already inited"):
+        opt.sharding_groups = [[0]]
+    x1, x2 = torch.randn(2, 5), torch.randn(2, 5)
+    for x in (x1, x2):
+        model(x.to(dev)).sum().backward()
+        eager(x).sum().backward()
+    assert model.weight.grad is None  # moved into main_grad by the hook
+    opt.step()
+    torch.optim.SGD(eager.parameters(), lr=0.1).step()
+    torch.testing.assert_close(model.weight.cpu(), eager.weight.detach(), rtol=1e-6, atol=1e-6)

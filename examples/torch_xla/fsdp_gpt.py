@@ -13,8 +13,8 @@ Each configuration (``--configs``) trains the same initial model on the same dat
 * ``transformer``: ``transformer_auto_wrap_policy`` (one unit per decoder layer), each layer with gradient
   checkpointing (``checkpoint_module`` through ``auto_wrapper_callable``), flattened parameters, gradients clipped
   with ``model.clip_grad_norm_``;
-* ``size``: ``size_based_auto_wrap_policy`` (units for the attention and feed-forward layers), parameters sharded
-  along dim 0 (``shard_param_on_dim_0``);
+* ``size``: ``size_based_auto_wrap_policy`` (a unit per feed-forward ``Linear`` and per decoder layer, whose
+  attention stays whole: a "force leaf"), parameters sharded along dim 0 (``shard_param_on_dim_0``);
 * ``nested``: layers wrapped by hand, default options, two micro-batches per step accumulated under
   ``model.no_sync()``;
 * ``replicated``: no FSDP, the usual data parallelism (``xm.reduce_gradients``): the baseline of the memory report.
