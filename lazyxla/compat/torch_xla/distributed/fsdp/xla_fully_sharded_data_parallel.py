@@ -291,11 +291,10 @@ class XlaFullyShardedDataParallel(nn.Module):
                         continue
                     cast = dtype or self.buffer_dtype
                     orig_dtype = buf.dtype
+                    buf = buf.to(self.xla_device)
                     if torch.is_floating_point(buf) and orig_dtype != cast:
                         buf = buf.to(cast)
-                        buf._orig_dtype = orig_dtype
-                    if buf.device != self.xla_device:
-                        buf = buf.to(self.xla_device)
+                        buf._orig_dtype = orig_dtype  # after the move, which would make a tensor without it
                     setattr(module, name, buf)
 
     # --- attributes --------------------------------------------------------------------------------
@@ -545,9 +544,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         if not self._is_root:
             raise AssertionError("no_sync on inner FSDP is not supported")
         self.assert_state(TrainingState.IDLE)
-        units = [m for m in self.modules() if isinstance(m, XlaFullyShardedDataParallel)]
-        previous = [(m, m._require_backward_grad_sync) for m in units]
-        for m in units:
+        previous = [(m, m._require_backward_grad_sync) for m in self._units()]
+        for m, _ in previous:
             m._require_backward_grad_sync = False
         try:
             yield
