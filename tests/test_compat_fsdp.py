@@ -457,17 +457,34 @@ def test_a_dropped_model_is_freed_by_reference_counting(dev):
         gc.enable()
 
 
+class _Scaled(nn.Module):
+    """A linear layer followed by a buffer (cast to the buffer dtype under FSDP)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
 def test_mixed_precision_computes_in_bf16_and_keeps_fp32_shards(dev):
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
-    model = FSDP(nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2)), compute_dtype=torch.bfloat16)
-    model.load_state_dict({k: v for k, v in zip(model.state_dict(), _sharded_like(model, eager))})
+    eager = nn.Sequential(_Scaled(), nn.GELU(), nn.Linear(8, 2))
+    model = FSDP(nn.Sequential(_Scaled(), nn.GELU(), nn.Linear(8, 2)), compute_dtype=torch.bfloat16)
+    state = dict(zip(model.state_dict(), _sharded_like(model, eager)))
+    model.load_state_dict({**model.state_dict(), **state})
     x = torch.randn(5, 8)
     out = model(x.to(dev))
     out.float().sum().backward()
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == torch.bfloat16 and model.module.module[0].scale.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
     torch.testing.assert_close(out.float().cpu(), eager(x), rtol=2e-2, atol=2e-2)
+    # consolidation gives the buffer back its own dtype, under the unwrapped model's name
+    lazyxla.sync()
+    full = consolidate_sharded_state_dicts([model.state_dict()], model.get_shard_metadata())
+    assert full["0.scale"].dtype == torch.float32 and set(full) == set(eager.state_dict())
 
 
 def test_wrong_uses_raise_as_torch_xla_does():
