@@ -318,22 +318,34 @@ def all_reduce(reduce_type, inputs, scale: float = 1.0, groups=None, pin_layout:
 
 
 def _into(output, result):
+    """torch_xla's ``output=`` of the collectives: each output tensor takes its result's data, shape and dtype
+    included (torch_xla's ``*_out`` collectives replace the tensor's data, they do not copy into it), and the
+    output is returned in place of the result."""
     if output is None:
         return result
-    with torch.no_grad():
-        if isinstance(output, torch.Tensor):
-            output.copy_(result)
-        else:
-            if len(output) != len(result):
-                raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(result)}")
-            for o, r in zip(output, result):
-                o.copy_(r)
+    if isinstance(result, torch.Tensor):
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"`output` needs to be a Tensor for a Tensor input, but given {type(output)}.")
+        _take_data(output, result)
+        return output
+    if not isinstance(output, list) or not all(isinstance(o, torch.Tensor) for o in output):
+        raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
+    if len(output) != len(result):
+        raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(result)}")
+    for o, r in zip(output, result):
+        _take_data(o, r)
     return output
 
 
+def _take_data(output: torch.Tensor, result: torch.Tensor) -> None:
+    if not is_xla_tensor(output):
+        raise TypeError(f"`output` must be a tensor on the device, not on {output.device}")
+    output.data = result  # the tensor object stays, its data is the result (as torch_xla's _replace_xla_tensor)
+
+
 def all_gather(value, dim: int = 0, groups=None, output=None, pin_layout: bool = True):
-    """Concatenate every replica's ``value`` along ``dim`` (a list: each tensor gathered); ``output`` (a
-    tensor, or a list for a list) receives the result if given.
+    """Concatenate every replica's ``value`` along ``dim`` (a list: each tensor gathered). With ``output`` (a
+    tensor, or a list for a list) each output tensor takes its result's data, as in torch_xla, and is returned.
 
     Example::
 
@@ -356,7 +368,8 @@ def reduce_scatter(
     reduce_type, input, scale, scatter_dim, shard_count, groups=None, output=None, pin_layout: bool = True
 ):
     """Reduce ``input`` over the replicas and give replica ``i`` the ``i``-th of ``shard_count`` slices along
-    ``scatter_dim``, times ``scale``; ``output`` receives it if given.
+    ``scatter_dim``, times ``scale``. With ``output`` (a tensor, or a list for a list) each output tensor takes
+    its result's data, shape included (an output shaped like the input becomes the shard), as in torch_xla.
 
     Example::
 

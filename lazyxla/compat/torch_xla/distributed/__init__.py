@@ -1,5 +1,5 @@
 """``torch_xla.distributed`` on lazyxla: ``parallel_loader``, ``xla_multiprocessing``, ``spmd``,
-``xla_backend``.
+``xla_backend``, ``fsdp`` (FSDP v1) and ``zero_redundancy_optimizer`` (ZeRO-1).
 
 Example::
 

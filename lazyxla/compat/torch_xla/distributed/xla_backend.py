@@ -13,6 +13,7 @@ Example::
     dist.init_process_group("xla", init_method="xla://")
     model = DDP(model.to(xm.xla_device()), gradient_as_bucket_view=True)
 """
+
 from __future__ import annotations
 
 import importlib

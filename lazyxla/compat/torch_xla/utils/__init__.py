@@ -1,4 +1,5 @@
-"""``torch_xla.utils`` on lazyxla: the helpers of ``torch_xla.utils.utils`` training scripts use.
+"""``torch_xla.utils`` on lazyxla: the helpers of ``torch_xla.utils.utils`` training scripts use, and
+``torch_xla.utils.checkpoint`` (activation checkpointing).
 
 Example::
 
