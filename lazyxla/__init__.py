@@ -29,6 +29,7 @@ from lazyxla.config import config
 from lazyxla.device import devices as _devices
 from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend.export import Exported, ExportError, export
+from lazyxla.frontend.scan import scan, scan_layers
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
@@ -136,6 +137,8 @@ __all__ = [
     "reduce_scatter",
     "runtime",
     "save",
+    "scan",
+    "scan_layers",
     "spmd",
     "spawn",
     "sync",

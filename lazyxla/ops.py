@@ -9,6 +9,7 @@
   means one group of every replica.
 - ``shard(x, mesh, spec)``: an SPMD sharding constraint (``lazyxla.spmd.mark_sharding`` on a pending value).
 - ``compiled_graph(inputs, graph)``: one call of a ``torch.compile`` graph (``frontend/dynamo.py``).
+- ``scan(inputs, body, length)``: a loop of ``length`` iterations over one traced body (``frontend/scan.py``).
 
 Example::
 
@@ -64,6 +65,10 @@ library.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
 
 # One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py).
 library.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
+
+# A loop over one traced body (lazyxla.scan, scan_layers): ``body`` is the digest of the body's IR, ``length``
+# the number of iterations (see frontend/scan.py and lowering/rules/scan.py).
+library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)
