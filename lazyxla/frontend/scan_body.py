@@ -140,7 +140,8 @@ def _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, devic
         carry_w[k].requires_grad_(True)
     for k in grad_xs:
         x_w[k].requires_grad_(True)
-    with torch.set_grad_enabled(need_grad):
+    # (in grad mode even when no input requires grad: a tensor from outside that does is then seen)
+    with torch.set_grad_enabled(torch.is_grad_enabled()):
         out = fn(unflatten_carry(carry_w), unflatten_xs(x_w))
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise ScanError(f"scan: fn must return a pair (new_carry, y), got {type(out).__name__}")
@@ -148,6 +149,7 @@ def _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, devic
     ys, y_unflatten = flatten(out[1])
     _check_carry(out[0], unflatten_carry, carry_out, flat_init)
     _check_ys(ys)
+    _check_no_outside_gradient([t for t in carry_out + ys if t.requires_grad], {id(w) for w in carry_w + x_w})
     for w, p, what in [(w, p, "carry") for w, p in zip(carry_w, carry_ph)] + [
         (w, p, "x") for w, p in zip(x_w, x_ph)
     ]:
@@ -209,8 +211,6 @@ def _backward(traced: _Traced, carry_w, x_w, carry_out, ys, device, made: list) 
     cotangents of the outputs that require grad."""
     outs = [(k, carry_out[k]) for k in traced.grad_carries if carry_out[k].requires_grad]
     outs += [(None, ys[j]) for j in traced.grad_ys]
-    ours = {id(w) for w in carry_w + x_w}
-    _check_no_outside_gradient([t for _, t in outs], ours)
     carry_ct = {k: _placeholder(aval_of(carry_out[k]), device, made) for k in traced.grad_carries}
     y_ct = [_placeholder(aval_of(ys[j]), device, made) for j in traced.grad_ys]
     traced.carry_ct = [carry_ct[k]._value[0] for k in traced.grad_carries]
