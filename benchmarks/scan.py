@@ -1,11 +1,13 @@
 """Compile time against depth: a GPT whose blocks run as ``lazyxla.scan_layers`` vs the unrolled loop.
 
-Usage: ``python -m benchmarks.scan [--layers 2,4,8,16,24] [--modes scan,unrolled] [--parts model,step]
+Usage: ``python -m benchmarks.scan [--layers 2,4,8,16,24] [--modes scan,stacked,unrolled] [--parts model,step]
 [--repeats N] [--json PATH] [--quick]`` (``make bench-scan``).
 
 Each row is a fresh process (every cache cold, ``LAZYXLA_PERSISTENT_CACHE=0``) that builds the benchmark GPT
 (``benchmarks.spec.GPTSpec``: d_model 256, 4 heads, seq 128, batch 8, vocab 1024) with the given number of
-layers and runs ONE first step, then reports:
+layers, its blocks run by ``lazyxla.scan_layers`` (mode ``scan``), held as ``lazyxla.StackedLayers``
+(``stacked``: the parameters stacked, one tensor per name) or as the plain loop (``unrolled``), and runs ONE
+first step, then reports:
 
 - ``compile s``: XLA's compile time of that step's programs (lazyxla's ``compile`` timer);
 - ``lower s``: jax tracing of the programs (the ``lower`` timer);
@@ -15,7 +17,8 @@ layers and runs ONE first step, then reports:
 
 Parts: ``model`` is forward, loss and backward (the gradients computed), what ``scan_layers`` turns into
 loops; ``step`` adds ``torch.optim.AdamW``'s update and ``zero_grad``, whose program grows with the number
-of parameter tensors whatever the model's loops. Results and method: ``docs/performance.md`` (scan).
+of parameter tensors (12 per layer with ``scan`` and ``unrolled``, 12 in all with ``stacked``). Results and
+method: ``docs/performance.md`` (scan).
 """
 
 from __future__ import annotations
@@ -48,12 +51,16 @@ def child(mode: str, layers: int, part: str, quick: bool) -> dict[str, Any]:
     class ScannedGPT(GPT):
         def forward(self, idx):
             x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            return self.head(self.ln(lazyxla.scan_layers(self.blocks, x)))
+            blocks = lazyxla.scan_layers if mode == "scan" else lambda blocks, x: blocks(x)
+            return self.head(self.ln(blocks(self.blocks, x)))
 
     spec = _spec(layers, quick)
     dev = lazyxla.device()
     torch.manual_seed(0)
-    model = (ScannedGPT if mode == "scan" else GPT)(spec).to(dev)
+    model = (GPT if mode == "unrolled" else ScannedGPT)(spec)
+    if mode == "stacked":
+        model.blocks = lazyxla.StackedLayers(model.blocks)
+    model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     x = torch.randint(0, spec.vocab, (spec.batch, spec.seq)).to(dev)
     y = torch.randint(0, spec.vocab, (spec.batch, spec.seq)).to(dev)
@@ -117,7 +124,7 @@ def run_child(mode: str, layers: int, part: str, quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", default="2,4,8,16,24")
-    p.add_argument("--modes", default="scan,unrolled")
+    p.add_argument("--modes", default="scan,stacked,unrolled")
     p.add_argument("--parts", default="model,step")
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per row (the table shows medians)")
     p.add_argument("--quick", action="store_true", help="a tiny GPT: a smoke test of the harness")
@@ -168,7 +175,7 @@ def _table(rows: list[dict], args) -> str:
                 R.fmt(r["record_s"]), R.fmt(r["first_step_s"]), str(r["hlo_lines"]),
             ])  # fmt: skip
         header = ["layers", "mode", "compile s", "x fewest layers", "lower s", "record s", "first step s", "HLO lines"]
-        title = f"scan_layers vs unrolled, {'forward+backward' if part == 'model' else 'training step (AdamW)'}"
+        title = f"GPT blocks scanned vs unrolled: {'forward+backward' if part == 'model' else 'training step (AdamW)'}"
         out.append(R.table(title, header, body))
     return "\n".join(out)
 

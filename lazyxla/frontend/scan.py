@@ -36,6 +36,7 @@ torch_xla). With ``checkpoint=True`` the backward recomputes each iteration's fo
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -113,19 +114,104 @@ def scan_layers(layers: Iterable[torch.nn.Module], input_data: Any, *, checkpoin
     if not layers:
         return input_data
     check_same_layers(layers)
-    first = layers[0]
     stacked = {}
     for what in ("named_parameters", "named_buffers"):
         per_layer = [dict(getattr(layer, what)()) for layer in layers]
         stacked.update({name: torch.stack([p[name] for p in per_layer]) for name in per_layer[0]})
+    cache = _PURE.setdefault(layers[0], {}) if pure else None
+    return _scan_module(layers[0], stacked, input_data, len(layers), checkpoint, cache)
+
+
+def _scan_module(module: torch.nn.Module, stacked: dict, carry, length: int, checkpoint: bool, cache):
+    """``module``'s code scanned over ``stacked`` (its parameters and buffers by name, one slice per
+    iteration), the carry passed as its arguments (a tuple as positional arguments)."""
 
     def one_layer(carry, state):
-        return torch.func.functional_call(first, state, carry, strict=True), None
+        return torch.func.functional_call(module, state, carry, strict=True), None
 
     flat, unflatten = flatten(stacked)
-    cache = _PURE.setdefault(first, {}) if pure else None
-    carry, _ = _scan(one_layer, input_data, flat, unflatten, len(layers), checkpoint, cache)
-    return carry
+    out, _ = _scan(one_layer, carry, flat, unflatten, length, checkpoint, cache)
+    return out
+
+
+class StackedLayers(torch.nn.Module):
+    """Identical layers held as ONE module whose parameters and buffers are the layers' own stacked along a
+    new first dimension, run as one loop over the layer's code (:func:`scan`).
+
+    Unlike :func:`scan_layers`, which stacks the layers' parameters at every call, the stacks *are* the
+    parameters: the optimizer updates one tensor per parameter name whatever the depth (with a per-layer
+    ``ModuleList`` its update grows with every layer), and no copy is made per step. An elementwise
+    optimizer (SGD, Adam, AdamW, ...) computes what it computes for the separate layers; one that looks at
+    whole tensors (LAMB's trust ratio, Adafactor's factored moments) sees all layers at once.
+    ``state_dict`` keys are the layer's own, prefixed ``layer.``, with stacked shapes; :meth:`unstack` gives
+    the layers back. The layers must be identical as for :func:`scan_layers` and share no parameter with
+    one another (stacking would untie it). Calls take the layer's arguments; ``checkpoint`` as in :func:`scan`.
+
+    Example::
+
+        class GPT(nn.Module):
+            def __init__(self):
+                ...
+                self.blocks = lazyxla.StackedLayers(Block(d, heads) for _ in range(24))
+
+            def forward(self, idx):
+                x = self.blocks(self.tok(idx) + self.pos(positions))    # 24 blocks, one compiled block
+                ...
+
+        model.blocks.layer.fc1.weight.shape         # (24, 4 * d, d)
+    """
+
+    def __init__(self, layers: Iterable[torch.nn.Module], *, checkpoint: bool = False) -> None:
+        super().__init__()
+        layers = list(layers)
+        if not layers:
+            raise ValueError("StackedLayers: no layers to stack")
+        check_same_layers(layers)
+        _check_unshared(layers)
+        self.length = len(layers)
+        self.checkpoint = checkpoint
+        # a copy of the first layer whose tensors are the stacks (deepcopy's memo: tied tensors stay tied)
+        first = layers[0]
+        memo = {
+            id(p): torch.nn.Parameter(torch.stack([m.get_parameter(n).detach() for m in layers]), p.requires_grad)
+            for n, p in first.named_parameters()
+        }
+        memo.update({id(b): torch.stack([m.get_buffer(n) for m in layers]) for n, b in first.named_buffers()})
+        self.layer = copy.deepcopy(first, memo)
+
+    def forward(self, *args):
+        state = {**dict(self.layer.named_parameters()), **dict(self.layer.named_buffers())}
+        carry = args[0] if len(args) == 1 else args
+        return _scan_module(self.layer, state, carry, self.length, self.checkpoint, None)
+
+    def unstack(self) -> torch.nn.ModuleList:
+        """The layers as separate modules, each with a copy of its slice of the stacks.
+
+        Example::
+
+            blocks = model.blocks.unstack()          # nn.ModuleList of 24 Blocks
+        """
+        layers = torch.nn.ModuleList()
+        for i in range(self.length):
+            memo = {id(p): torch.nn.Parameter(p[i].detach().clone(), p.requires_grad) for p in self.layer.parameters()}
+            memo.update({id(b): b[i].clone() for b in self.layer.buffers()})
+            layers.append(copy.deepcopy(self.layer, memo))
+        return layers
+
+    def extra_repr(self) -> str:
+        return f"length={self.length}" + (", checkpoint=True" if self.checkpoint else "")
+
+
+def _check_unshared(layers: list[torch.nn.Module]) -> None:
+    owner: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        for name, p in layer.named_parameters():
+            j = owner.setdefault(id(p), i)
+            if j != i:
+                raise ValueError(
+                    f"StackedLayers: layers {j} and {i} share '{name}'; stacking would untie it (use scan_layers, "
+                    "which keeps each layer's own tensors)"
+                )
 
 
 def check_same_layers(layers: list[torch.nn.Module]) -> None:
