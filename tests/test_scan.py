@@ -170,21 +170,37 @@ def test_random_ops_draw_per_iteration_and_the_backward_uses_the_same_masks(dev,
     torch.testing.assert_close(again.cpu(), ys)  # torch.manual_seed reproduces the draws
 
 
-def _scanned(model: GPT) -> GPT:
-    """``model`` with its blocks run by ``lazyxla.scan_layers`` (the same parameters)."""
+def _scanned(model: GPT, how: str = "scan_layers") -> GPT:
+    """``model`` with its blocks run by ``lazyxla.scan_layers``, or held as ``lazyxla.StackedLayers`` (the same
+    parameter values either way)."""
+    if how == "StackedLayers":
+        model.blocks = lazyxla.StackedLayers(model.blocks)
 
     def forward(idx):
         x = model.tok(idx) + model.pos(torch.arange(idx.shape[1], device=idx.device))
-        return model.head(model.ln(lazyxla.scan_layers(model.blocks, x)))
+        x = lazyxla.scan_layers(model.blocks, x) if how == "scan_layers" else model.blocks(x)
+        return model.head(model.ln(x))
 
     model.forward = forward
     return model
 
 
-def test_scan_layers_trains_a_gpt_like_the_unrolled_model_on_the_cpu(dev):
+def _per_layer(model: GPT, grads: bool = False) -> dict:
+    """The parameters (or their gradients) of ``model`` by the unrolled model's names (a StackedLayers'
+    stacks split per layer)."""
+    value = (lambda p: p.grad) if grads else (lambda p: p)
+    out = {n: value(p) for n, p in model.named_parameters()}
+    if isinstance(model.blocks, lazyxla.StackedLayers):
+        for name, p in model.blocks.layer.named_parameters():
+            out.update({f"blocks.{i}.{name}": value(p)[i] for i in range(model.blocks.length)})
+    return out
+
+
+@pytest.mark.parametrize("how", ["scan_layers", "StackedLayers"])
+def test_a_scanned_gpt_trains_like_the_unrolled_model_on_the_cpu(dev, how):
     torch.manual_seed(0)
     ref = GPT(layers=3)
-    model = _scanned(copy.deepcopy(ref).to(dev))
+    model = _scanned(copy.deepcopy(ref), how).to(dev)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, model)]
     idx, tgt = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     idx_d, tgt_d = idx.to(dev), tgt.to(dev)
@@ -195,8 +211,8 @@ def test_scan_layers_trains_a_gpt_like_the_unrolled_model_on_the_cpu(dev):
         loss = F.cross_entropy(model(idx_d).flatten(0, 1), tgt_d.flatten())
         loss.backward()
         if step == 0:
-            grads = {n: p.grad for n, p in model.named_parameters()}
-            assert _scan_ops(list(grads.values())) == 2  # the forward loop and the backward loop
+            assert _scan_ops([p.grad for p in model.parameters()]) == 2  # the forward loop and the backward loop
+            grads = _per_layer(model, grads=True)
             for n, p in ref.named_parameters():
                 _close(grads[n], p.grad, msg=n)
         for opt in opts:
@@ -206,8 +222,9 @@ def test_scan_layers_trains_a_gpt_like_the_unrolled_model_on_the_cpu(dev):
         _close(loss, ref_loss)
         compiles.append(lazyxla.metrics.counters()["compiles"])
     assert compiles[2] == compiles[1], compiles  # the third step compiled nothing
+    params = _per_layer(model)
     for n, p in ref.named_parameters():
-        _close(dict(model.named_parameters())[n], p, msg=n)
+        _close(params[n], p, msg=n)
 
 
 def _model_program_lines(dev, layers: int, scan: bool) -> int:
@@ -295,6 +312,58 @@ def test_pure_keeps_the_trace_and_impure_calls_retrace(dev):
         expected = F.linear(expected, layer.weight.cpu(), layer.bias.cpu())
     for out in outs:
         _close(out, expected)
+
+
+def _step_program_lines(dev, layers: int, how: str) -> int:
+    torch.manual_seed(0)
+    model = GPT(layers=layers)
+    model = (_scanned(model, how) if how != "unrolled" else model).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 64, (2, 16), device=dev)).sum().backward()
+    opt.step()
+    return len(lazyxla.debug.stablehlo_text(list(model.parameters())).splitlines())
+
+
+def test_stacked_layers_keep_the_optimizers_program_from_growing(dev):
+    """A training step (AdamW) of 2 and 8 layers: with StackedLayers the optimizer updates one tensor per
+    parameter name whatever the depth; with scan_layers (one tensor per layer) its update grows."""
+    stacked = {n: _step_program_lines(dev, n, "StackedLayers") for n in (2, 8)}
+    per_layer = {n: _step_program_lines(dev, n, "scan_layers") for n in (2, 8)}
+    assert stacked[8] < 1.1 * stacked[2], stacked
+    assert per_layer[8] > 1.8 * per_layer[2], per_layer
+    lazyxla.sync()
+
+
+def test_stacked_layers_state_unstack_and_what_they_refuse(dev):
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)) for _ in range(3)]
+    stacked = lazyxla.StackedLayers(layers)
+    assert {k: tuple(v.shape) for k, v in stacked.state_dict().items()} == {
+        "layer.0.weight": (3, 4, 4), "layer.0.bias": (3, 4), "layer.1.weight": (3, 4), "layer.1.bias": (3, 4),
+    }  # fmt: skip
+    x = torch.randn(2, 4)
+    expected = x
+    for layer in layers:
+        expected = layer(expected)
+    torch.testing.assert_close(stacked(x), expected)  # on the CPU: the Python loop
+    stacked.to(dev)
+    _close(stacked(x.to(dev)), expected)
+    for layer, back in zip(layers, stacked.unstack()):
+        assert type(back) is nn.Sequential
+        for p, q in zip(layer.parameters(), back.parameters()):
+            _close(q, p)
+    shared = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="layers 0 and 1 share 'weight'"):
+        lazyxla.StackedLayers([shared, shared])
+    with pytest.raises(ValueError, match="no layers"):
+        lazyxla.StackedLayers([])
+
+
+def test_gradients_of_gradients_through_the_loop_raise(dev):
+    xs = torch.randn(3, 2, device=dev, requires_grad=True)
+    c, _ = lazyxla.scan(lambda c, x: (c * x, None), torch.ones(2, device=dev), xs)
+    with pytest.raises(NotImplementedError, match="create_graph=True"):
+        torch.autograd.grad(c.sum(), xs, create_graph=True)
 
 
 @pytest.fixture

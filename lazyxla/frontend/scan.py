@@ -378,7 +378,13 @@ class _ScanFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, *ctx.call.backward(grads, ctx.needs_input_grad[1:]))
+        if torch.is_grad_enabled():  # create_graph=True: the backward loop's gradients would be taken as constants
+            raise NotImplementedError(
+                "lazyxla.scan: gradients of gradients through a loop (backward with create_graph=True) are not "
+                "supported; run the loop in Python for higher-order derivatives"
+            )
+        with torch.no_grad():
+            return (None, *ctx.call.backward(grads, ctx.needs_input_grad[1:]))
 
 
 def _python_loop(fn, init, flat_xs: list, unflatten_xs, length: int):
