@@ -170,6 +170,29 @@ def test_random_ops_draw_per_iteration_and_the_backward_uses_the_same_masks(dev,
     torch.testing.assert_close(again.cpu(), ys)  # torch.manual_seed reproduces the draws
 
 
+def test_autocast_inside_the_loop_as_in_the_unrolled_loop(dev):
+    """Under ``torch.autocast`` the iteration is traced with autocast's casts (bfloat16 matmuls): the same
+    values and gradients as the unrolled loop under autocast."""
+    torch.manual_seed(0)
+    h0, xs = torch.randn(2, 4, device=dev), torch.randn(5, 4, 4, device=dev, requires_grad=True)
+
+    def step(h, w):
+        h = torch.tanh(h @ w).float()
+        return h, h.sum()
+
+    with torch.autocast("lazyxla", dtype=torch.bfloat16):
+        h, ys = lazyxla.scan(step, h0, xs)
+        ref_h, ref_ys = h0, []
+        for i in range(5):
+            ref_h, y = step(ref_h, xs[i])
+            ref_ys.append(y)
+        ref_ys = torch.stack(ref_ys)
+    (g,) = torch.autograd.grad(h.sum() + ys.sum(), xs)
+    (ref_g,) = torch.autograd.grad(ref_h.sum() + ref_ys.sum(), xs)
+    for got, want in ((h, ref_h), (ys, ref_ys), (g, ref_g)):
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-5)
+
+
 def _scanned(model: GPT, how: str = "scan_layers") -> GPT:
     """``model`` with its blocks run by ``lazyxla.scan_layers``, or held as ``lazyxla.StackedLayers`` (the same
     parameter values either way)."""
