@@ -337,23 +337,22 @@ def test_pure_keeps_the_trace_and_impure_calls_retrace(dev):
         _close(out, expected)
 
 
-def _step_program_lines(dev, layers: int, how: str) -> int:
-    torch.manual_seed(0)
-    model = GPT(layers=layers)
-    model = (_scanned(model, how) if how != "unrolled" else model).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randint(0, 64, (2, 16), device=dev)).sum().backward()
-    opt.step()
+def _optimizer_program_lines(dev, layers: int, how: str) -> int:
+    """The StableHLO lines of one AdamW update of a GPT's parameters (given gradients)."""
+    model = _scanned(GPT(layers=layers), how).to(dev)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
     return len(lazyxla.debug.stablehlo_text(list(model.parameters())).splitlines())
 
 
 def test_stacked_layers_keep_the_optimizers_program_from_growing(dev):
-    """A training step (AdamW) of 2 and 8 layers: with StackedLayers the optimizer updates one tensor per
-    parameter name whatever the depth; with scan_layers (one tensor per layer) its update grows."""
-    stacked = {n: _step_program_lines(dev, n, "StackedLayers") for n in (2, 8)}
-    per_layer = {n: _step_program_lines(dev, n, "scan_layers") for n in (2, 8)}
-    assert stacked[8] < 1.1 * stacked[2], stacked
-    assert per_layer[8] > 1.8 * per_layer[2], per_layer
+    """AdamW over 2 and 8 layers: with StackedLayers it updates one tensor per parameter name whatever the
+    depth; with scan_layers (one tensor per layer and name) its program grows with the layers."""
+    stacked = {n: _optimizer_program_lines(dev, n, "StackedLayers") for n in (2, 8)}
+    per_layer = {n: _optimizer_program_lines(dev, n, "scan_layers") for n in (2, 8)}
+    assert stacked[8] == stacked[2], stacked
+    assert per_layer[8] > 2.5 * per_layer[2], per_layer
     lazyxla.sync()
 
 

@@ -11,8 +11,9 @@ backward of the function, recorded op by op like any backward. The IR recorded i
   (a tensor the function reads from outside, a constant it makes, a Python scalar, which stays a graph
   input as everywhere in lazyxla).
 - the backward body reads forward values (*residuals*, the activations autograd saved): the forward loop
-  outputs them stacked, one per iteration, and the backward loop takes them as per-iteration inputs.
-  With ``checkpoint=True`` the backward body recomputes them instead, from the iteration's carry.
+  outputs them stacked, one per iteration, and the backward loop takes them as per-iteration inputs
+  (reshapes and transposes excepted: the backward redoes them from their input). With ``checkpoint=True``
+  the backward body recomputes them all instead, from the iteration's carry.
 
 Each body is rebuilt over fresh input leaves (``ir.rewired``), named by its ``ir.digest`` and registered
 with the loop op's rule (``lowering/rules/scan.py``). :class:`Plan` says how a call feeds the two loops.
@@ -39,6 +40,27 @@ from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.rules import scan as scan_rule
 from lazyxla.observe import metrics
 from lazyxla.ops import COLLECTIVE_OPS
+
+aten = torch.ops.aten
+
+# Forward values the backward recomputes from their input instead of reading them saved: reshapes and
+# transposes cost nothing to redo and are no smaller than their input (a transposed weight saved per
+# iteration would be a second copy of every layer's weight).
+_RECOMPUTED = frozenset(
+    {
+        aten.view_copy.default,
+        aten._unsafe_view.default,
+        aten.t_copy.default,
+        aten.transpose_copy.int,
+        aten.permute_copy.default,
+        aten.unsqueeze_copy.default,
+        aten.squeeze_copy.default,
+        aten.squeeze_copy.dim,
+        aten.squeeze_copy.dims,
+        aten.expand_copy.default,
+        aten.alias_copy.default,
+    }
+)
 
 
 class ScanError(ValueError):
@@ -442,7 +464,7 @@ def _plan(traced: _Traced, checkpoint: bool, device: int) -> Plan:
 def _backward_loop(cut: _Cutter, traced: _Traced, forward_nodes: set[int], device: int) -> tuple[Loop, list]:
     """The backward body (reads: cotangents, residuals, slices, invariants, keys) and the residuals, the
     forward values it reads per iteration (the carries fed to each iteration among them)."""
-    saved = (lambda m: False) if cut.checkpoint else (lambda m: id(m) in forward_nodes)
+    saved = (lambda m: False) if cut.checkpoint else (lambda m: id(m) in forward_nodes and m.op not in _RECOMPUTED)
     boundary = lambda m: type(m.op) is Leaf or saved(m) or not cut.varying(m)  # noqa: E731
     order, reads = _cut(traced.grads, boundary)
     carry_slots = [(n, 0) for n in traced.carry_ct]
