@@ -143,7 +143,7 @@ class _Traced:
     y_ct: list  # per y in grad_ys
     carry_out: list  # IR values
     ys: list
-    grads: list  # IR values: d carry_in (grad_carries), then d x (grad_xs)
+    grads: list  # IR values: d carry_in (grad_carries), then d x (grad_xs); empty: nothing to differentiate
     y_unflatten: Callable
     grad_carries: list[int]
     grad_xs: list[int]
@@ -162,24 +162,23 @@ def _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, devic
         carry_w[k].requires_grad_(True)
     for k in grad_xs:
         x_w[k].requires_grad_(True)
-    # (in grad mode even when no input requires grad: a tensor from outside that does is then seen)
-    with torch.set_grad_enabled(torch.is_grad_enabled()):
-        out = fn(unflatten_carry(carry_w), unflatten_xs(x_w))
+    # (run in the caller's grad mode, even when no input requires grad: a tensor from outside that does is seen)
+    out = fn(unflatten_carry(carry_w), unflatten_xs(x_w))
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise ScanError(f"scan: fn must return a pair (new_carry, y), got {type(out).__name__}")
-    carry_out, y_unflatten = flatten(out[0])
+    carry_out, _ = flatten(out[0])
     ys, y_unflatten = flatten(out[1])
     _check_carry(out[0], unflatten_carry, carry_out, flat_init)
-    _check_ys(ys)
+    for t in ys:
+        _check_on_device(t, "the y")
     _check_no_outside_gradient([t for t in carry_out + ys if t.requires_grad], {id(w) for w in carry_w + x_w})
-    for w, p, what in [(w, p, "carry") for w, p in zip(carry_w, carry_ph)] + [
-        (w, p, "x") for w, p in zip(x_w, x_ph)
-    ]:
-        if unwrap(w)._value[0] is not p._value[0]:
-            raise RuntimeError(
-                f"scan: fn modified its {what} input in place; a scanned function must not modify its inputs "
-                "(clone it first: t = t.clone())"
-            )
+    for what, wrappers, holders in (("carry", carry_w, carry_ph), ("x", x_w, x_ph)):
+        for w, p in zip(wrappers, holders):
+            if unwrap(w)._value[0] is not p._value[0]:
+                raise RuntimeError(
+                    f"scan: fn modified its {what} input in place; a scanned function must not modify its "
+                    "inputs (clone it first: t = t.clone())"
+                )
     traced = _Traced(
         carry_in=[p._value[0] for p in carry_ph],
         x_in=[p._value[0] for p in x_ph],
@@ -213,19 +212,18 @@ def _check_carry(new_carry, unflatten_carry, carry_out: list, flat_init: list) -
     if not same_structure or len(carry_out) != len(flat_init):
         raise ScanError("scan: fn must return a new carry with the same structure as init (the same nesting)")
     for k, (t, i) in enumerate(zip(carry_out, flat_init)):
-        if not isinstance(t, torch.Tensor) or aval_of(t) != aval_of(i):
-            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        _check_on_device(t, "the new carry")
+        if aval_of(t) != aval_of(i):
             raise ScanError(
                 f"scan: fn must keep the carry's shapes and dtypes: carry leaf {k} is {tuple(i.shape)} {i.dtype} "
-                f"in init but fn returned {got}"
+                f"in init but fn returned {tuple(t.shape)} {t.dtype}"
             )
 
 
-def _check_ys(ys: list) -> None:
-    for t in ys:
-        if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
-            what = f"a tensor on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ScanError(f"scan: the y fn returns must be lazyxla tensors (or None), got {what}")
+def _check_on_device(t, what: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
+        got = f"a tensor on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ScanError(f"scan: {what} fn returns must hold lazyxla tensors (or None), got {got}")
 
 
 def _backward(traced: _Traced, carry_w, x_w, carry_out, ys, device, made: list) -> None:
@@ -238,8 +236,7 @@ def _backward(traced: _Traced, carry_w, x_w, carry_out, ys, device, made: list) 
     traced.carry_ct = [carry_ct[k]._value[0] for k in traced.grad_carries]
     traced.y_ct = [p._value[0] for p in y_ct]
     inputs = [carry_w[k] for k in traced.grad_carries] + [x_w[k] for k in traced.grad_xs]
-    if not outs or not inputs:
-        traced.grads = [None] * len(inputs)
+    if not outs or not inputs:  # nothing to differentiate: no backward loop
         return
     cotangents = [wrap(carry_ct[k]) for k, _ in outs if k is not None] + [wrap(p) for p in y_ct]
     # PyTorch's own backward of the iteration, without autocast (a loop's backward runs outside it)
@@ -303,17 +300,14 @@ def _cut(results: list, boundary: Callable) -> tuple[list, list]:
                     note(p, k)
                 elif id(p) not in seen:
                     stack.append((p, False))
-    # a boundary value noted from the stack is first *read* in post-order; keep the walk's order (stable)
     return order, inputs
 
 
-def _slot(value, kind: str | None = None):
-    """A fresh input leaf of a body standing for ``value``."""
+def _slot(value):
+    """A fresh input leaf of a body standing for ``value`` (a Python scalar and a key keep their kind)."""
     m, i = value
-    aval = m.avals[i]
-    if kind is None:
-        kind = Leaf.SCALAR if m.op is Leaf.SCALAR else Leaf.RNG if m.op is Leaf.RNG else Leaf.DATA
-    return leaf(kind, None, aval, m.device)
+    kind = m.op if m.op is Leaf.SCALAR or m.op is Leaf.RNG else Leaf.DATA
+    return leaf(kind, None, m.avals[i], m.device)
 
 
 def _register(order, inputs: list, results: list, counts, reverse: bool, device: int) -> str:
@@ -350,7 +344,6 @@ class _Cutter:
     """Sorts the recorded values into bodies: which depend on the iteration, what each body reads."""
 
     def __init__(self, traced: _Traced, checkpoint: bool) -> None:
-        self.t = traced
         self.checkpoint = checkpoint
         self.roles: dict[int, tuple] = {}
         for k, n in enumerate(traced.carry_in):
@@ -362,17 +355,13 @@ class _Cutter:
         for j, n in enumerate(traced.y_ct):
             self.roles[id(n)] = ("ct", j)
         self.memo: dict[int, bool] = {}
-        self.key_leaves: list = []  # the trace's RNG leaves, in first-use order: the plan's keys
+        self.keys: dict[int, int] = {}  # id of a trace's RNG leaf -> its key's number (first use first)
 
     def varying(self, m) -> bool:
         return reaches(m, lambda n: id(n) in self.roles or n.op is Leaf.RNG, self.memo)
 
     def key(self, m) -> int:
-        for k, n in enumerate(self.key_leaves):
-            if n is m:
-                return k
-        self.key_leaves.append(m)
-        return len(self.key_leaves) - 1
+        return self.keys.setdefault(id(m), len(self.keys))
 
     def split(self, reads: list, fixed: list) -> tuple[list, list, list]:
         """``reads`` (a cut's inputs) minus the ``fixed`` slots: per-iteration ones, invariants, keys."""
@@ -430,7 +419,7 @@ def _plan(traced: _Traced, checkpoint: bool, device: int) -> Plan:
     is_leaf = lambda m: type(m.op) is Leaf  # noqa: E731
     fwd_order, fwd_reads = _cut(fwd_results, lambda m: is_leaf(m) or not cut.varying(m))
     backward, residuals = None, []
-    if traced.grads and all(g is not None for g in traced.grads):
+    if traced.grads:
         backward, residuals = _backward_loop(cut, traced, {id(n) for n in fwd_order}, device)
     carry_slots = [(n, 0) for n in traced.carry_in]
     x_slots = [(n, 0) for n in traced.x_in]
@@ -452,7 +441,7 @@ def _plan(traced: _Traced, checkpoint: bool, device: int) -> Plan:
     return Plan(
         forward=forward,
         backward=backward,
-        n_keys=len(cut.key_leaves),
+        n_keys=len(cut.keys),
         n_ys=len(traced.ys),
         y_unflatten=traced.y_unflatten,
         grad_carries=traced.grad_carries,
@@ -474,8 +463,6 @@ def _backward_loop(cut: _Cutter, traced: _Traced, forward_nodes: set[int], devic
         role = cut.roles.get(id(m))
         if role is not None and role[0] in ("x", "ct"):
             xs.append(role)
-        elif role is not None and role[0] == "ct_carry":  # (only as a carry slot: never here)
-            raise AssertionError(role)
         else:  # a forward activation, or the iteration's incoming carry: the forward loop stacks it
             xs.append(("res", len(residuals)))
             residuals.append((m, i))
