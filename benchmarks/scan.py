@@ -21,7 +21,7 @@ first step, then reports:
 Parts: ``model`` is forward, loss and backward (the gradients computed), what ``scan_layers`` turns into
 loops; ``step`` adds ``torch.optim.AdamW``'s update and ``zero_grad``, whose program grows with the number
 of parameter tensors (12 per layer with ``scan`` and ``unrolled``, 12 in all with ``stacked``). Results and
-method: ``docs/performance.md`` (scan).
+method: ``docs/performance.md`` ("Deep models").
 """
 
 from __future__ import annotations

@@ -13,16 +13,17 @@ Design
 ------
 A call traces ``fn`` once, for one iteration, on placeholder tensors (``frontend/scan_body.py``) and records
 ONE node of the op ``torch.ops.lazyxla.scan(inputs, body, length)``, lowered to ``jax.lax.scan`` over the
-traced body (``lowering/rules/scan.py``): the program holds one iteration whatever the length, so a 24-layer
-model compiles in about the time of a 2-layer one. The node's inputs are the initial carries, the stacked
-``xs``, the loop invariants the body reads (tensors from outside, constants, Python scalars) and one RNG key
-per random op. Under autograd the call is a ``torch.autograd.Function``: the trace also records PyTorch's own
-backward of the iteration, the forward loop outputs the activations that backward needs (stacked, one per
-iteration), and the Function's backward records a second loop node over that backward body, run in reverse,
-whose carries are the carries' gradients and whose stacked outputs are the ``xs``' gradients.
-``scan_layers`` stacks each parameter (and buffer) of the layers with ``torch.stack`` (so gradients reach each
-layer's own parameters through the stack's backward) and scans the first layer's code over the stacks with
-``torch.func.functional_call``.
+traced body (``lowering/rules/scan.py``): the program holds one iteration whatever the length (with
+``StackedLayers`` a 24-layer GPT's training step compiles in the time of a 2-layer one). The node's inputs
+are the initial carries, the stacked ``xs``, the loop invariants the body reads (tensors from outside,
+constants, Python scalars) and one RNG key per random op. Under autograd the call is a
+``torch.autograd.Function``: the trace also records PyTorch's own backward of the iteration, the forward
+loop outputs the activations that backward needs (stacked, one per iteration), and the Function's backward
+records a second loop node over that backward body, run in reverse, whose carries are the carries'
+gradients and whose stacked outputs are the ``xs``' gradients. ``scan_layers`` stacks each parameter (and
+buffer) of the layers with ``torch.stack`` (so gradients reach each layer's own parameters through the
+stack's backward) and scans the first layer's code over the stacks with ``torch.func.functional_call``;
+``StackedLayers`` keeps the stacks as its parameters.
 
 A call retraces ``fn`` (one iteration's ops, not ``length`` of them) unless ``pure=True`` says that ``fn``
 reads nothing that changes between calls; every trace of the same function gives the same body digest, so
@@ -96,7 +97,9 @@ def scan_layers(layers: Iterable[torch.nn.Module], input_data: Any, *, checkpoin
 
     The same as ``torch.nn.Sequential(*layers)(input_data)`` (a tuple ``input_data`` is passed as
     positional arguments, and each layer must return the same structure), but the program holds one layer,
-    forward and backward: a deep stack compiles in about the time of a shallow one. The layers must be
+    forward and backward. The layers keep their own parameters: each call stacks them and splits their
+    gradients, and the optimizer updates each layer's tensors (:class:`StackedLayers` stores them stacked,
+    so that a training step's program stops growing with depth). The layers must be
     structurally identical: same class, submodules, parameter and buffer names, shapes and dtypes, and the
     same code for the same parameters (settings such as a dropout probability or an epsilon are the first
     layer's). Each call stacks the parameters (gradients reach every layer's own parameters).
