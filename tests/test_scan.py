@@ -4,6 +4,8 @@ in the program, forward and backward, equal to the Python loop run eagerly on th
 from __future__ import annotations
 
 import copy
+import importlib.util
+import re
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import lazyxla
 import lazyxla.compat as compat
 from lazyxla.frontend.scan import ScanError
 from tests.models import GPT
+from tests.util import ROOT, run_python
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -428,3 +431,33 @@ def test_torch_xla_scan_and_scan_layers(torch_xla):
         _close(a.weight.grad, b.weight.grad)
     with pytest.raises(ValueError, match="mismatched keys"):
         scan_layers([nn.Linear(4, 4).to(dev), nn.Sequential(nn.Linear(4, 4)).to(dev)], torch.zeros(4, device=dev))
+
+
+def test_torch_xla_decoder_script_with_scan_layers_equals_cpu_eager(tmp_path):
+    """``examples/torch_xla/decoder_scan_layers.py`` under ``python -m lazyxla.run``: every step's loss equals
+    the same decoder trained with the Python loop on the CPU (AdamW, 3 steps)."""
+    path = ROOT / "examples" / "torch_xla" / "decoder_scan_layers.py"
+    args = ["--layers", "3", "--hidden", "32", "--vocab", "64", "--steps", "3"]
+    proc = run_python(["-m", "lazyxla.run", str(path), *args], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    got = [float(v) for v in re.findall(r"loss step=\d+ value=(\S+)", proc.stdout)]
+
+    spec = importlib.util.spec_from_file_location("_decoder_scan_layers", path)
+    script = importlib.util.module_from_spec(spec)
+    assert compat.install()  # the script imports torch_xla: the compat layer, for the CPU run's import
+    try:
+        spec.loader.exec_module(script)
+    finally:
+        compat.uninstall()
+    flags = script.parse_args(args)
+    model = script.make_model(flags, use_scan=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=flags.lr)
+    want = []
+    for ids, targets in script.batches(flags):
+        loss = script.loss_fn(model(ids), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    assert len(got) == flags.steps
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=0)
