@@ -117,6 +117,39 @@ def test_pytrees_dtypes_constants_and_aliases(dev):
     assert xs_d["b"].grad is None
 
 
+def test_nested_loops(dev):
+    """A scan inside the scanned function: the outer body holds the inner loop, forward and backward."""
+
+    def inner(c, x):
+        c = torch.sin(c) * x
+        return c, c.sum()
+
+    def outer(c, xs):
+        c, ys = lazyxla.scan(inner, c, xs)
+        return c * 0.9, ys
+
+    def cpu(c, xss):
+        out = []
+        for xs in xss:
+            ys = []
+            for x in xs:
+                c, y = inner(c, x)
+                ys.append(y)
+            c = c * 0.9
+            out.append(torch.stack(ys))
+        return c, torch.stack(out)
+
+    torch.manual_seed(0)
+    c0, xss = torch.randn(3, requires_grad=True), torch.randn(4, 5, 3, requires_grad=True)
+    ref_c, ref_ys = cpu(c0, xss)
+    (ref_c.sum() + ref_ys.sum()).backward()
+    c0_d, xss_d = _leaf(c0, dev), _leaf(xss, dev)
+    c, ys = lazyxla.scan(outer, c0_d, xss_d)
+    (c.sum() + ys.sum()).backward()
+    for got, want in ((c, ref_c), (ys, ref_ys), (c0_d.grad, c0.grad), (xss_d.grad, xss.grad)):
+        _close(got, want)
+
+
 def test_a_tensor_from_outside_that_requires_grad_is_refused(dev):
     w = torch.randn(3, device=dev, requires_grad=True)
     with pytest.raises(ScanError, match="from outside that requires grad"):
