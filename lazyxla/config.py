@@ -65,6 +65,15 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("donate", bool, True, "Donate the device buffers of tensors a full sync overwrites."),
     Flag(
+        "known_values_limit",
+        int,
+        4096,
+        "Integer and bool tensors of at most this many elements whose values the host has (copied from the CPU, "
+        "or made by factories and ops from such values) keep a CPU copy: ops on them are computed on the host by "
+        "PyTorch's CPU kernels and their host reads (.item(), .tolist(), bool(t)) compile and sync nothing; "
+        "programs take them as inputs, never as constants. 0: off. See docs/performance.md (generation).",
+    ),
+    Flag(
         "host_read_computes",
         str,
         "needed",
@@ -109,6 +118,16 @@ FLAGS: tuple[Flag, ...] = (
         str,
         "highest",
         "Precision of float32 matmuls and convolutions (jax: 'default', 'high', 'highest').",
+        affects_compile=True,
+    ),
+    Flag(
+        "round_half_intermediates",
+        bool,
+        True,
+        "Round every bfloat16/float16 intermediate of a program to its dtype, as PyTorch does op by op (XLA's "
+        "xla_allow_excess_precision=false), so half-precision math gives eager PyTorch's numbers. False lets XLA "
+        "keep fused intermediates in float32: slightly faster on some accelerators, and results then differ "
+        "from eager in the last bits.",
         affects_compile=True,
     ),
     Flag(
@@ -242,6 +261,7 @@ def foreign_env(name: str, default: str = "") -> str:
     if name not in FOREIGN_VARIABLES:
         raise KeyError(f"lazyxla internal error: {name} is not declared in lazyxla.config.FOREIGN_VARIABLES")
     return os.environ.get(name, default)
+
 
 _BY_NAME = {f.name: f for f in FLAGS}
 

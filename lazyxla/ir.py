@@ -77,7 +77,9 @@ def slot(i: int) -> In:
 
 
 class Node:
-    __slots__ = ("op", "inputs", "template", "avals", "hash", "payload", "device", "source", "seq", "__weakref__")
+    __slots__ = (
+        "op", "inputs", "template", "avals", "hash", "_payload", "device", "source", "seq", "host", "__weakref__"
+    )  # fmt: skip
 
     def __init__(self, op, inputs, template, avals, hash_, payload, device):
         self.op = op  # an OpOverload, or a Leaf kind
@@ -91,6 +93,29 @@ class Node:
         # the buffer (a copy from the CPU at file:line, an output of graph <id>, ...), named in errors
         self.source = None
         self.seq = 0  # recording order (config.explain_recompiles only): what recompile explanations align by
+        # device data only: a CPU copy of a small integer value the host knows (lazy/known.py); such a node's
+        # device array is made when something first asks for its payload (most are never needed on the device)
+        self.host = None
+
+    # (node) -> its jax.Array, for device data whose value only the host has so far: installed by lazy/known.py
+    # (this module is below the device layer, so it cannot put arrays on devices itself)
+    upload = None
+
+    @property
+    def payload(self):
+        p = self._payload
+        if p is None and self.host is not None:
+            p = self._payload = Node.upload(self)
+        return p
+
+    @payload.setter
+    def payload(self, value) -> None:
+        self._payload = value
+
+    @property
+    def resident(self):
+        """The payload if it exists already, without putting a known value on the device (waits, checks)."""
+        return self._payload
 
     @property
     def is_leaf(self) -> bool:

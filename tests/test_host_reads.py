@@ -167,6 +167,7 @@ def test_a_slice_of_a_promoting_cat_keeps_the_promoted_dtype():
     check(lambda a, b: torch.cat([a * 1, b + 1], 0)[-2:], integers(3), uniform(2))
 
 
+@lazyxla.config.override(known_values_limit=0)  # token ids the device computed, not ones the host knows
 def test_the_last_token_of_a_pending_cat_is_read_without_the_sequence(dev):
     ids = integers(2, 5, lo=0, hi=9).to(dev)
     tok = ids[:, :1] + 1

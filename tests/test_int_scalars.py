@@ -39,6 +39,15 @@ def _no_compiled_programs():
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _on_the_device():
+    """These small integer tensors come from the CPU, so the host would know their values and compute the ops
+    itself (lazy/known.py; tests/test_known_values.py): switched off, the ops run on the device, as they do on
+    integer tensors the device computed or that are larger than ``known_values_limit``."""
+    with lazyxla.config.override(known_values_limit=0):
+        yield
+
+
 def _sample(dtype):
     t = torch.tensor([-7, -1, 0, 1, 3, 100, 127, 5])
     if dtype == torch.uint8:

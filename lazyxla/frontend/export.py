@@ -180,6 +180,14 @@ def export(
             return loss
         exported = lazyxla.export(step, (x, y), state=(model, opt))
     """
+    # Nothing is computed on the host from known values (lazy/known.py) while the function is recorded: an
+    # integer input, or state updated in place (BatchNorm's num_batches_tracked), would become a constant of
+    # the program instead of an input it computes from.
+    with config.override(known_values_limit=0):
+        return _export(fn, example_args, state, platforms, random_key)
+
+
+def _export(fn, example_args, state, platforms, random_key) -> Exported:
     if isinstance(example_args, torch.Tensor) or not isinstance(example_args, (tuple, list)):
         example_args = (example_args,)
     if isinstance(fn, torch.nn.Module):

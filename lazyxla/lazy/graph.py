@@ -396,11 +396,13 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     gloo with mismatched all-reduce sizes and the run aborted).
     """
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
+    alone = processes.process_count() == 1
     if not want:
+        if host_read and alone:
+            _read_needing_nothing(reason)
         return
     metrics.inc("syncs")
     trigger = f"{reason} at {diagnostics.note_sync(reason)}"
-    alone = processes.process_count() == 1
     everything = host_read and alone and _computes_all()
     if everything:
         want += _all_pending_but_concatenations()
@@ -427,6 +429,19 @@ def _compute(want: list[tuple], donate: bool, trigger: str, cut: bool = True) ->
     finally:
         frontier.rebind(others)
         others = None  # noqa: F841  (a failure's traceback keeps this frame: see _run_groups)
+
+
+def _read_needing_nothing(reason: str) -> None:
+    """A host read of values that are already there (device data, or known values: ``lazy/known.py``) is
+    still a host read: it computes the work the previous read left pending (with ``host_read_computes="all"``,
+    every pending tensor), so a loop whose reads need nothing of its work (generation without an
+    end-of-sequence token: the max-length criterion's flags are known values) does not pile it all up."""
+    trigger = f"{reason} at {diagnostics.user_frame(3)}"
+    if _computes_all():
+        want = _all_pending_but_concatenations()
+        if want:
+            _compute(want, True, trigger)
+    _compute_left_over(trigger)
 
 
 # The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
@@ -485,5 +500,5 @@ def wait_device_ops() -> None:
     """
     for t in live_tensors():
         n = t._value[0]
-        if n.op is Leaf.DATA and n.payload is not None:
-            n.payload.block_until_ready()
+        if n.op is Leaf.DATA and n.resident is not None:  # a known value not on the device has nothing to wait for
+            n.resident.block_until_ready()

@@ -24,6 +24,7 @@ from lazyxla.lazy.decompose import (
     inplace,
     out_variant,
 )
+from lazyxla.lazy.known import FOLDABLE_SPECIAL, NOT_FOLDED, fold
 from lazyxla.lazy.meta import DeviceMismatch, NoMeta, check_before_decomposing, leaves, record, scalar_args
 from lazyxla.lazy.special import SPECIAL
 from lazyxla.lazy.tensor import LazyTensor, set_dispatch
@@ -72,13 +73,16 @@ def _check_devices(args, kwargs) -> None:
         )
 
 
-# id(op) -> (special handler or None, whether it has a rule, (Scalar positions, Scalar keyword names)):
+# id(op) -> (special handler or None, whether it has a rule, (Scalar positions, Scalar keyword names), whether
+# it may be computed on the host from known values):
 # one int-keyed lookup per op instead of several dict lookups that each hash the OpOverload in Python.
 _routes: dict = {}
 
 
 def _route(func) -> tuple:
-    route = (SPECIAL.get(func), func in RULES, scalar_args(func))
+    special = SPECIAL.get(func)
+    foldable = (special is None and func in RULES) or func in FOLDABLE_SPECIAL  # lazy/known.py may compute it
+    route = (special, func in RULES, scalar_args(func), foldable)
     _routes[id(func)] = route
     return route
 
@@ -87,6 +91,10 @@ def dispatch(func, args, kwargs):
     """Run one aten op on LazyTensors (below functionalization): handled, recorded, rewritten or run on
     the CPU, in the order of this module's docstring; returns its LazyTensor output(s)."""
     route = _routes.get(id(func)) or _route(func)
+    if route[3]:
+        out = fold(func, args, kwargs)
+        if out is not NOT_FOLDED:
+            return out
     special = route[0]
     if special is not None:
         return special(*args, **kwargs)
@@ -110,7 +118,8 @@ def dispatch(func, args, kwargs):
         out = decomposed(decomp, args, kwargs)
         if out is not NotImplemented:
             return out
-    return fallback(func, args, kwargs, why)
+    out = fold(func, args, kwargs)  # an op with no rule on known values: the CPU computes it without a sync
+    return out if out is not NOT_FOLDED else fallback(func, args, kwargs, why)
 
 
 set_dispatch(dispatch)  # every op on a LazyTensor comes here (tensor.py cannot import this module)

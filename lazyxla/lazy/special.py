@@ -17,8 +17,8 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.device import devices
-from lazyxla.ir import Aval, Leaf, leaf, raise_if_error
-from lazyxla.lazy import graph
+from lazyxla.ir import raise_if_error
+from lazyxla.lazy import graph, known
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.tensor import LazyTensor, wrap
 from lazyxla.observe import diagnostics, metrics
@@ -34,7 +34,13 @@ def _materialize(t: LazyTensor, reason: str = "host read"):
 
 def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "host read") -> torch.Tensor:
     """A new CPU tensor with ``t``'s value: ``t``'s graph is synced (counted under ``reason``), its error
-    raised, its array copied to the host (converted to ``dtype`` if given)."""
+    raised, its array copied to the host (converted to ``dtype`` if given). A known value (``lazy/known.py``)
+    is copied from the host's copy: nothing is synced for it (the read still computes what the previous read
+    left pending: ``graph.sync_tensors``)."""
+    value = t._value[0].host
+    if value is not None:
+        graph.sync_tensors([t], reason=reason, host_read=True)
+        return value.clone() if dtype is None or dtype == value.dtype else value.to(dtype)
     arr = _materialize(t, reason)
     metrics.inc("device_to_host")
     with metrics.timer("transfer"):
@@ -45,12 +51,9 @@ def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "
 def cpu_to_lazy(t: torch.Tensor, device: int) -> LazyTensor:
     """A bare LazyTensor on lazyxla device ``device`` holding a copy of the CPU tensor ``t``."""
     metrics.inc("host_to_device")
-    aval = Aval(tuple(t.shape), t.dtype)
-    with metrics.timer("transfer"):
-        arr = devices.to_device(t, device)
-    n = leaf(Leaf.DATA, arr, aval, device)
-    n.source = f"copied from the CPU at {diagnostics.user_frame(2)}"
-    return LazyTensor((n, 0), aval)
+    if known.knowable(t):
+        t = t.clone(memory_format=torch.contiguous_format)  # the host's copy: the caller may write to ``t`` later
+    return known.upload(t, device, f"copied from the CPU at {diagnostics.user_frame(2)}")
 
 
 def _alias(t: LazyTensor) -> LazyTensor:
@@ -136,7 +139,7 @@ def _random_bounds_checked(func):
 
 
 def _local_scalar_dense(x):
-    return lazy_to_cpu(x, reason=".item()").item()
+    return lazy_to_cpu(x, reason=".item()").item()  # a known value: no sync
 
 
 def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps):

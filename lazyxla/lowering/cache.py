@@ -216,7 +216,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
             with metrics.timer("lower"):
                 lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
             with metrics.timer("compile"):
-                executable = lowered.compile()
+                executable = lowered.compile(compiler_options=_compiler_options())
         if name is not None:
             metrics.inc("persistent_cache_misses")
             with metrics.timer("disk_cache"):
@@ -228,6 +228,11 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         _cache.popitem(last=False)
         metrics.inc("cache_evictions")
     return compiled
+
+
+def _compiler_options() -> dict:
+    """XLA options every lazyxla program is compiled with (from ``config``; part of the cache key)."""
+    return {"xla_allow_excess_precision": not config.round_half_intermediates}
 
 
 def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev, reps):
@@ -653,7 +658,6 @@ def _evict(folder: str, cap: int, keep: str) -> None:
             continue
         total -= size
         metrics.inc("persistent_cache_evictions")
-
 
 
 def _warn_once(kind: str, message: str) -> None:

@@ -26,6 +26,11 @@ class Rule:
     # input's dtype, see ``to_jax._scalar_dtype``). Fused optimizer steps take float64, as PyTorch's kernels
     # take their hyperparameters as doubles (0.999 in bfloat16 is 0.996).
     scalars: Any = None
+    # How PyTorch's CPU kernel computes this op on half-precision tensors with a Python float operand: None (as
+    # the rule does), "float32" (the float taken in float32: ``x * 0.3`` is a float32 product, rounded once) or
+    # "rounded" (the float rounded to the tensor's dtype, then float32 math: ``torch.add(x, y, alpha=0.3)``).
+    # See ``opmath_scalars``.
+    opmath: str | None = None
 
 
 # ``Rule.scalars`` for a rule that hands its Python-scalar inputs on to other rules (a loop's body): floats arrive
@@ -76,6 +81,21 @@ def lowers(*ops: OpOverload, random: bool = False, scalars: Any = None) -> Calla
         return fn
 
     return register
+
+
+def opmath_scalars(*ops: OpOverload, scalar: str = "float32") -> None:
+    """Mark the rules of ``ops`` (registered already) as computing in float32, rounding the result once, when a
+    Python float meets bfloat16/float16 tensors, as PyTorch's CPU kernels do for these ops; ``scalar``: the
+    float taken in ``"float32"``, or ``"rounded"`` to the tensor's dtype first.
+
+    Example::
+
+        opmath_scalars(aten.mul.Tensor)     # bf16_tensor * 0.3: float32 product, rounded to bfloat16
+    """
+    if scalar not in ("float32", "rounded"):
+        raise ValueError(f"opmath_scalars: scalar must be 'float32' or 'rounded', got {scalar!r}")
+    for op in ops:
+        RULES[op] = dataclasses.replace(RULES[op], opmath=scalar)
 
 
 def rule_for(op: OpOverload) -> Rule | None:

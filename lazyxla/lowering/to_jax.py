@@ -11,7 +11,7 @@ import torch
 
 from lazyxla.device import devices
 from lazyxla.device.devices import np_dtype
-from lazyxla.ir import In, Leaf, Node
+from lazyxla.ir import Aval, In, Leaf, Node
 from lazyxla.lowering.registry import PACKED, RULES, Ctx
 
 
@@ -47,6 +47,8 @@ def _scalar_dtype(n: Node, integer: bool = False):
         if wanted is PACKED:
             return np.int64 if integer else np.float64
         return wanted
+    if not integer and RULES[n.op].opmath == "float32" and _opmath(n):
+        return np.dtype(np.float32)
     out = n.avals[0].dtype if n.avals else torch.bool
     ints = []
     for m, i in n.inputs:
@@ -63,6 +65,24 @@ def _scalar_dtype(n: Node, integer: bool = False):
     if not integer:
         return np_dtype(torch.get_default_dtype())
     return np_dtype(functools.reduce(torch.promote_types, ints, torch.int64 if not ints else ints[0]))
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _opmath(n: Node) -> bool:
+    """Whether ``n`` computes in float32, as PyTorch's CPU kernel does: a half-precision op whose rule is marked
+    ``opmath`` (``registry.opmath_scalars``) with a Python float operand."""
+    return (
+        RULES[n.op].opmath
+        and bool(n.avals)
+        and n.avals[0].dtype in _HALF
+        and any(m.op is Leaf.SCALAR and not _is_int(m) for m, _ in n.inputs)
+    )
+
+
+_F32_HALF = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
+_HALF_NP = (np_dtype(torch.bfloat16), np_dtype(torch.float16))
 
 
 def _is_int(m: Node) -> bool:
@@ -106,6 +126,9 @@ def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
     the list of its output arrays."""
     rule = RULES[n.op]
     ctx = Ctx(n.avals, axis=axis, world=world)
+    if rule.opmath and _opmath(n):  # the rule computes in float32; the result is rounded once, below
+        ctx = Ctx(tuple(Aval(a.shape, _F32_HALF.get(a.dtype, a.dtype)) for a in n.avals), axis=axis, world=world)
+        ins = [x.astype(np.float32) if getattr(x, "dtype", None) in _HALF_NP else x for x in ins]
     if rule.random:
         ctx.key = jax.random.wrap_key_data(ins[-1], impl="threefry2x32")
         ins = ins[:-1]

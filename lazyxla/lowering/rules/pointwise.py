@@ -19,7 +19,7 @@ from jax import lax
 
 from lazyxla import torch_private
 from lazyxla.device.devices import np_dtype, torch_dtype
-from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.registry import lowers, opmath_scalars
 
 aten = torch.ops.aten
 
@@ -681,3 +681,33 @@ def _tril_indices(ctx, row, col, offset=0, **_):
 @lowers(aten.triu_indices.default)
 def _triu_indices(ctx, row, col, offset=0, **_):
     return jnp.asarray(np.stack(np.triu_indices(row, offset, col)).reshape(2, -1), ctx.dtype)
+
+
+# PyTorch's CPU kernels compute these in float32 when a Python float meets a half-precision tensor (measured
+# against torch 2.13, tests/test_autocast.py): with the float in float32, or (add, sub with their alpha) rounded
+# to the tensor's dtype first; pow, fmod, remainder and comparisons round it and compute in the tensor's
+# dtype, which the default scalar dtype already does.
+opmath_scalars(
+    aten.add.Tensor,
+    aten.add.Scalar,
+    aten.sub.Tensor,
+    aten.sub.Scalar,
+    aten.rsub.Tensor,
+    aten.rsub.Scalar,
+    scalar="rounded",
+)
+opmath_scalars(
+    aten.addcdiv.default,
+    aten.mul.Tensor,
+    aten.mul.Scalar,
+    aten.div.Tensor,
+    aten.div.Scalar,
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    aten.lerp.Scalar,
+    aten.addcmul.default,
+    aten.leaky_relu.default,
+    aten.elu.default,
+    aten.softplus.default,
+    aten.threshold.default,
+)
