@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-ops test-upper lint bench clean
+.PHONY: demo test test-ops test-upper lint bench bench-scan clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ test-upper: $(UPPER)/.installed lint
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# Compile time against depth: a GPT's blocks under lazyxla.scan_layers / StackedLayers vs unrolled (docs/performance.md).
+bench-scan: $(STAMP)
+	$(PY) -m benchmarks.scan
 
 clean:
 	rm -rf $(VENV) $(UPPER) .pytest_cache

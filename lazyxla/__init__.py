@@ -30,6 +30,7 @@ from lazyxla.config import config
 from lazyxla.device import devices as _devices
 from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend.export import Exported, ExportError, export
+from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
@@ -115,6 +116,7 @@ __all__ = [
     "Exported",
     "ReduceOp",
     "SpawnError",
+    "StackedLayers",
     "SyncReport",
     "all_gather",
     "all_reduce",
@@ -137,6 +139,8 @@ __all__ = [
     "reduce_scatter",
     "runtime",
     "save",
+    "scan",
+    "scan_layers",
     "spmd",
     "spawn",
     "sync",

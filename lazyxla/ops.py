@@ -13,6 +13,7 @@
   ``slice`` (step 1, ``size`` elements) and their scatters at a position that is a program input (a ``Scalar``)
   rather than a constant: what ``lazy/positions.py`` records for a position that changes from sync to sync.
   The recorder checks the position; it is non-negative and in range.
+- ``scan(inputs, body, length)``: a loop of ``length`` iterations over one traced body (``frontend/scan.py``).
 
 Example::
 
@@ -90,6 +91,9 @@ for _schema, _kernel in _POSITION_OPS.items():
     library.define(_schema)
     for _key in ("CPU", "Meta"):
         library.impl(_schema.split("(", 1)[0], _kernel, _key)
+# A loop over one traced body (lazyxla.scan, scan_layers): ``body`` is the digest of the body's IR, ``length``
+# the number of iterations (see frontend/scan.py and lowering/rules/scan.py).
+library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

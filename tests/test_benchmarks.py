@@ -133,3 +133,19 @@ def test_overlap(results, model):
     r = results["overlap"][model]
     for way in ("host", "device", "serial", "pipelined"):
         _stats(r[way], "ms")
+
+
+def test_scan_benchmark_smoke(tmp_path):
+    """``python -m benchmarks.scan --quick``, one row: every number is there, one program built."""
+    path = tmp_path / "scan.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "benchmarks.scan", "--quick", "--layers", "2", "--modes", "stacked"]
+    proc = subprocess.run(
+        [*cmd, "--parts", "model", "--json", str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "forward+backward" in proc.stdout
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["layers"], r["mode"], r["part"]) for r in rows] == [(2, "stacked", "model")]
+    assert all(_positive(rows[0][k]) for k in ("compile_s", "build_cpu_s", "first_step_s", "hlo_lines")), rows
+    assert rows[0]["compiles"] == 1

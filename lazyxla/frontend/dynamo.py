@@ -70,12 +70,13 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
-from lazyxla.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
+from lazyxla.ir import IN, Leaf, canonical, digest, node, op_hash
 from lazyxla.lazy import rng
 from lazyxla.lazy.graph import plan_values
+from lazyxla.lazy.placeholders import disarm, placeholder
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
-from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.registry import RULES
 from lazyxla.lowering.rules import compiled_graph
 from lazyxla.lowering.rules.compiled_graph import OP
@@ -119,13 +120,6 @@ def _install_fakification() -> None:
 
 
 # ---- tracing an FX graph into lazy IR -----------------------------------------------------------------
-
-
-class _Placeholder(RuntimeError):
-    """The payload of a traced graph's input leaves: reading one means the trace needed a value."""
-
-    def __init__(self) -> None:
-        super().__init__("a torch.compile graph tried to read a tensor's value while it was being traced")
 
 
 class _NotOneOp(Exception):
@@ -191,39 +185,11 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
     return outputs, values
 
 
-def _disarm(placeholders: dict[int, int]) -> None:
-    """Tensors made by a trace that are still alive (held by a reference cycle, or by an exception's
-    traceback) must never reach a sync: their values read the placeholders. Every live pending tensor
-    whose graph reaches a placeholder becomes an error leaf, which syncs skip."""
-    memo: dict[int, bool] = {}
-    for t in live_tensors():
-        n, i = t._value
-        if type(n.op) is not Leaf and _reaches(n, placeholders, memo):
-            t._value = (leaf(Leaf.ERROR, _Placeholder(), n.avals[i], n.device), 0)
-
-
-def _reaches(root, targets, memo: dict[int, bool]) -> bool:
-    """Whether ``root``'s graph has a leaf in ``targets`` (ids); ``memo`` is shared between calls."""
-    stack = [(root, False)]
-    while stack:
-        n, expanded = stack.pop()
-        k = id(n)
-        if expanded:
-            memo[k] = any(memo[id(m)] for m, _ in n.inputs)
-        elif k not in memo:
-            if type(n.op) is Leaf:
-                memo[k] = k in targets
-            else:
-                stack.append((n, True))
-                stack.extend((m, False) for m, _ in n.inputs if id(m) not in memo)
-    return memo[id(root)]
-
-
 def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     """Run ``gm`` on placeholder lazyxla tensors shaped like ``lazies`` (numbers as they are) and keep
     the IR it records."""
     holders = [
-        LazyTensor((leaf(Leaf.ERROR, _Placeholder(), t._aval, device), 0), t._aval) if type(t) is LazyTensor else t
+        placeholder(t._aval, device) if type(t) is LazyTensor else t
         for t in lazies
     ]
     placeholders = {id(h._value[0]): i for i, h in enumerate(holders) if type(h) is LazyTensor}
@@ -232,7 +198,7 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
         outputs, values = _run_on_placeholders(gm, holders, placeholders)
     finally:
         rng.set_state(state)  # the trace's keys are never used: calls draw their own
-        _disarm(placeholders)
+        disarm(placeholders)
     results, order, leaves, _ = plan_values(values)
     kinds = [_leaf_kind(n, placeholders) for n in leaves]
     if any(n.op in COLLECTIVE_OPS for n in order):

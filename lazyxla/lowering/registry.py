@@ -33,6 +33,11 @@ class Rule:
     opmath: str | None = None
 
 
+# ``Rule.scalars`` for a rule that hands its Python-scalar inputs on to other rules (a loop's body): floats arrive
+# as float64 and ints as int64, as the program packs them, and each op of the body converts them its own way.
+PACKED = "packed"
+
+
 @dataclasses.dataclass
 class Ctx:
     """What a rule knows besides its arguments."""

@@ -12,7 +12,7 @@ import torch
 from lazyxla.device import devices
 from lazyxla.device.devices import np_dtype
 from lazyxla.ir import Aval, In, Leaf, Node
-from lazyxla.lowering.registry import RULES, Ctx
+from lazyxla.lowering.registry import PACKED, RULES, Ctx
 
 
 class LoweringError(RuntimeError):
@@ -42,8 +42,11 @@ def _scalar_dtype(n: Node, integer: bool = False):
     tensors' dtype instead, wrapping as PyTorch's casts do (``uint8_tensor < 300`` compares with 44), or
     int64 (``bool_tensor == 5``). A rule may ask for its own (``Rule.scalars``).
     """
-    if RULES[n.op].scalars is not None:
-        return RULES[n.op].scalars
+    wanted = RULES[n.op].scalars
+    if wanted is not None:
+        if wanted is PACKED:
+            return np.int64 if integer else np.float64
+        return wanted
     if not integer and RULES[n.op].opmath == "float32" and _opmath(n):
         return np.dtype(np.float32)
     out = n.avals[0].dtype if n.avals else torch.bool
@@ -93,6 +96,29 @@ def scalar_constant(n: Node, m: Node):
     if _is_int(m):
         return jax.lax.convert_element_type(np.int64(m.payload), _scalar_dtype(n, True))
     return jnp.asarray(m.payload, _scalar_dtype(n))
+
+
+def scalar_as(n: Node, m: Node, value):
+    """Scalar leaf ``m``'s value, an array packed as float64 (or int64 for an int), as node ``n`` takes it: in
+    ``_scalar_dtype(n)``, an int wrapping around as PyTorch's casts do (inside a loop's body, whose rule
+    receives its scalars packed: ``registry.PACKED``)."""
+    return jax.lax.convert_element_type(value, _scalar_dtype(n, _is_int(m)))
+
+
+def evaluate(order: list[Node], env: dict, scalar, axis: str | None = None, world: int = 1) -> dict:
+    """Lower the nodes of ``order`` (post-order) into ``env`` (``id(node)`` -> its output arrays), which
+    holds the leaves' arrays on entry; ``scalar(n, m)`` gives scalar leaf ``m``'s value as node ``n``
+    takes it. Returns ``env``.
+
+    Example::
+
+        env = {id(x): (x_array,)}
+        evaluate(order, env, scalar_constant)[id(order[-1])][0]     # the last node's first output
+    """
+    for n in order:
+        ins = [scalar(n, m) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
+        env[id(n)] = apply(n, ins, axis, world)
+    return env
 
 
 def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):

@@ -19,6 +19,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     random,
     reduction,
     sampling,
+    scan,
     sorting,
     view,
 )

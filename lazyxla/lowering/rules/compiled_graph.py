@@ -56,9 +56,7 @@ class TracedGraph:
                 continue
             env[id(n)] = (arrays[k],)
             k += 1
-        for n in self.order:
-            ins = [to_jax.scalar_constant(n, m) if m.op is Leaf.SCALAR else env[id(m)][i] for m, i in n.inputs]
-            env[id(n)] = to_jax.apply(n, ins, axis, world)
+        to_jax.evaluate(self.order, env, to_jax.scalar_constant, axis, world)
         return tuple(env[id(m)][i] for m, i in self.results)
 
 
