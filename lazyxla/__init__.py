@@ -29,6 +29,7 @@ from lazyxla.config import config
 from lazyxla.device import devices as _devices
 from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend.export import Exported, ExportError, export
+from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
@@ -85,6 +86,32 @@ def mark_step(wait: bool = False) -> SyncReport:
     return sync(wait=wait, reason="mark_step()")
 
 
+def eager_mode(enable: bool = True) -> None:
+    """Turn eager mode on (or off): each op is computed as soon as it is recorded, for debugging; a failing op
+    raises at its own line. ``lazyxla.compile`` regions and ``torch.compile``'d functions still run as one
+    program. Same as ``lazyxla.config.eager = enable`` (``LAZYXLA_EAGER=1``; for a block:
+    ``with lazyxla.config.override(eager=True):``).
+
+    Example::
+
+        lazyxla.eager_mode(True)
+        y = x @ w                              # computed now
+        with lazyxla.compile():                # one program, as in lazy mode
+            loss = model(x).sum(); loss.backward()
+    """
+    config.eager = bool(enable)
+
+
+def is_eager_mode() -> bool:
+    """Whether eager mode is on (off inside ``lazyxla.compile`` regions).
+
+    Example::
+
+        if lazyxla.is_eager_mode(): print("each op runs at once")
+    """
+    return config.eager
+
+
 def platform() -> str:
     """The jax platform behind the lazyxla device ('cpu', 'gpu' or 'tpu').
 
@@ -125,7 +152,9 @@ __all__ = [
     "debug",
     "device",
     "devices",
+    "eager_mode",
     "export",
+    "is_eager_mode",
     "load",
     "mark_step",
     "metrics",

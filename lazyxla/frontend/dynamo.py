@@ -69,7 +69,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.ir import IN, Leaf, canonical, digest, leaf, node, op_hash
-from lazyxla.lazy import rng
+from lazyxla.lazy import eager, rng
 from lazyxla.lazy.graph import plan_values
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
@@ -166,7 +166,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
     syncs = metrics.counters()["syncs"]
     try:
         # (autocast off: the graph holds the casts autocast made when it was captured)
-        with config.override(strict=True), torch.no_grad(), torch_private.disable_autocast():
+        with config.override(strict=True, eager=False), torch.no_grad(), torch_private.disable_autocast():
             out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
     except Exception as e:
         raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None
@@ -375,10 +375,11 @@ class CompiledGraph:
         if config.explain_recompiles:
             diagnostics.note_recorded(n)
         metrics.inc("dynamo_calls")
+        results = eager.computed([LazyTensor((n, x), a) for x, a in enumerate(trace.avals)])  # now, in eager mode
         out = []
         for how, x in trace.outputs:
-            if how == "result":
-                out.append(wrap(LazyTensor((n, x), trace.avals[x])))
+            if how == "result":  # (a tensor of its own per output: in-place updates rebind one tensor only)
+                out.append(wrap(LazyTensor(results[x]._value, trace.avals[x])))
             elif how == "input":
                 out.append(wrap(LazyTensor(lazies[x]._value, lazies[x]._aval)))
             else:

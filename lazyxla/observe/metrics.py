@@ -40,8 +40,23 @@ def set_annotations(on: bool) -> None:
     _annotate[0] = on
 
 
+_prefix = [""]  # prepended to every timer's name (eager mode's per-op programs: "eager_")
+
+
+@contextlib.contextmanager
+def timer_prefix(prefix: str) -> Iterator[None]:
+    """Inside: every timer's samples go to ``prefix + name`` (eager mode's programs time as ``eager_compile``,
+    ``eager_execute``, ..., apart from the steps' ``compile`` and ``execute``)."""
+    saved, _prefix[0] = _prefix[0], prefix
+    try:
+        yield
+    finally:
+        _prefix[0] = saved
+
+
 @contextlib.contextmanager
 def timer(name: str) -> Iterator[None]:
+    name = _prefix[0] + name
     span = _span(name) if _annotate[0] else contextlib.nullcontext()
     with span:
         start = time.perf_counter()

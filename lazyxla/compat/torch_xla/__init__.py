@@ -181,15 +181,19 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method)
 
 
-from lazyxla.compat.torch_xla import runtime  # noqa: E402
+from lazyxla.compat.torch_xla import experimental, runtime  # noqa: E402
 from lazyxla.compat.torch_xla.core import xla_model as xm  # noqa: E402
 from lazyxla.compat.torch_xla.distributed import xla_multiprocessing as xmp  # noqa: E402
+
+if foreign_env("XLA_USE_EAGER_DEBUG_MODE") == "1":  # torch_xla's switch for eager mode at import
+    experimental.eager_mode(True)
 
 __all__ = [
     "compile",
     "device",
     "device_count",
     "devices",
+    "experimental",
     "launch",
     "manual_seed",
     "real_devices",

@@ -11,7 +11,9 @@ torch_xla name             lazyxla source
 ``ExecuteComputation``     counter ``executions``
 ``aten::<op>``             counter ``fallback.aten.<op>.<overload>`` (ops run on the CPU)
 ``CompileTime``            timer ``compile``
-``ExecuteTime``            timer ``execute``
+``ExecuteTime``            timer ``execute`` (the programs of steps, regions and reads)
+``EagerOpCompileTime``     timer ``eager_compile`` (eager mode: each op's program, when built)
+``EagerOpExecuteTime``     timer ``eager_execute`` (eager mode: each op's program)
 ``TransferToDeviceTime``   timer ``transfer`` (both directions: lazyxla has one transfer timer)
 ``TransferFromDeviceTime`` timer ``transfer``
 ``TraceTime``              timer ``trace``
@@ -57,6 +59,8 @@ _COUNTERS = {
 _METRICS = {
     "CompileTime": "compile",
     "ExecuteTime": "execute",
+    "EagerOpCompileTime": "eager_compile",
+    "EagerOpExecuteTime": "eager_execute",
     "TransferToDeviceTime": "transfer",
     "TransferFromDeviceTime": "transfer",
     "TraceTime": "trace",
