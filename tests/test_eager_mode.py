@@ -9,7 +9,9 @@ broken lowering rule raises at the op's own line in eager mode, at the sync in l
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
+import re
 import warnings
 
 import pytest
@@ -24,6 +26,7 @@ from lazyxla.lowering import cache
 from lazyxla.lowering.registry import RULES, Rule
 from lazyxla.lowering.to_jax import LoweringError
 from tests.models import MLP
+from tests.util import ROOT, run_python
 
 
 @pytest.fixture(autouse=True)
@@ -248,3 +251,31 @@ def test_torch_xla_names(dev, torch_xla):
     assert not is_eager_mode() and not lazyxla.config.eager
     eager_mode(True)
     assert lazyxla.is_eager_mode()
+
+
+def test_torch_xla_eager_script_equals_cpu_eager(tmp_path, torch_xla):
+    """examples/torch_xla/eager_train.py under ``python -m lazyxla.run``: batches prepared op by op, the step
+    compiled as one program per call, losses as on the CPU."""
+    script = ROOT / "examples" / "torch_xla" / "eager_train.py"
+    proc = run_python(["-m", "lazyxla.run", str(script), "--steps", "3"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    got = [float(v) for v in re.findall(r"^loss step=\d+ value=(\S+)$", proc.stdout, re.M)]
+    eager, compiled = map(int, re.search(r"^programs eager=(\d+) compiled=(\d+)$", proc.stdout, re.M).groups())
+    assert compiled == 3  # one program per compiled step
+    assert eager == 3 * 6  # per batch: its slices, the scale's float, mean, division and addition, one each
+
+    spec = importlib.util.spec_from_file_location("_eager_train_example", script)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    flags = ex.parse_args(["--steps", "3"])
+    torch.manual_seed(flags.seed)
+    model = ex.DecoderOnly()
+    opt = torch.optim.AdamW(model.parameters(), lr=flags.lr, weight_decay=0.01)
+    want = []
+    for ids in ex.fake_batches(flags.steps, flags.batch_size):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(ids[:, :-1], ex.token_scale(ids)).flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
