@@ -51,6 +51,8 @@ __version__ = "0.1.0"
 
 _kernels.install()
 _process_group.register()
+# torch.compile'd functions call the collectives without a graph break (lazyxla's files are skipped by Dynamo)
+dynamo.allow_in_graph(all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, broadcast)
 
 
 def device(index: int | None = None) -> torch.device:

@@ -53,5 +53,18 @@ def extract_compiled_graph(xla_model: torch.fx.GraphModule, xla_args: Sequence) 
     if _is_aten_graph(xla_model):
         graph = CompiledGraph(xla_model, "openxla")
         return lambda *args: graph(*args)
-    compiled = lazyxla_backend(xla_model, list(xla_args))
-    return compiled
+    gm, single = _with_tuple_output(xla_model)
+    compiled = lazyxla_backend(gm, list(xla_args))
+    return (lambda *args: compiled(*args)[0]) if single else compiled
+
+
+def _with_tuple_output(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, bool]:
+    """``gm``, or a graph module sharing its modules and parameters whose output is ``gm``'s in a 1-tuple (what
+    AOTAutograd takes: a module traced by ``torch.fx.symbolic_trace`` may return one tensor); and whether it
+    was wrapped."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    if isinstance(output.args[0], (tuple, list)):
+        return gm, False
+    graph = torch.fx.Graph()
+    graph.output((graph.graph_copy(gm.graph, {}),))
+    return torch.fx.GraphModule(gm, graph), True
