@@ -253,10 +253,11 @@ def test_torch_xla_names(dev, torch_xla):
     assert lazyxla.is_eager_mode()
 
 
-def test_torch_xla_eager_script_equals_cpu_eager(tmp_path, torch_xla):
+def test_torch_xla_eager_script_equals_cpu_eager(tmp_path, torch_xla, monkeypatch):
     """examples/torch_xla/eager_train.py under ``python -m lazyxla.run``: batches prepared op by op, the step
     compiled as one program per call, losses as on the CPU."""
     script = ROOT / "examples" / "torch_xla" / "eager_train.py"
+    monkeypatch.syspath_prepend(str(script.parent))  # (its model module, imported as the script imports it)
     proc = run_python(["-m", "lazyxla.run", str(script), "--steps", "3"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     got = [float(v) for v in re.findall(r"^loss step=\d+ value=(\S+)$", proc.stdout, re.M)]
