@@ -1,4 +1,5 @@
-"""What the FSDPv2 test runs in a fresh process with 8 fake CPU devices (importable by the child)."""
+"""What the FSDPv2 test runs in a fresh process with 8 fake CPU devices (importable by the child), and the CPU
+reference of the decoder-only examples."""
 
 from __future__ import annotations
 
@@ -42,15 +43,16 @@ def _holdings(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, list[float]],
     return fractions, dict(per_device), total
 
 
-def _cpu_reference(ex, flags) -> tuple[list[float], torch.nn.Module, torch.optim.Optimizer]:
-    """The same training, single-device eager on the CPU."""
+def cpu_reference(ex, flags, scale=lambda ids: 1.0) -> tuple[list[float], torch.nn.Module, torch.optim.Optimizer]:
+    """What the decoder-only examples (``ex``: the script as a module, run with ``flags``) train, single-device
+    eager on the CPU: the losses, the model and its AdamW. ``scale(ids)``: the model's embedding scale per batch."""
     torch.manual_seed(flags.seed)
     model = ex.DecoderOnly()
     opt = torch.optim.AdamW(model.parameters(), lr=flags.lr, weight_decay=0.01)
     losses = []
     for ids in ex.fake_batches(flags.steps, flags.batch_size):
         opt.zero_grad()
-        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        loss = F.cross_entropy(model(ids[:, :-1], scale(ids)).flatten(0, 1), ids[:, 1:].flatten())
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -74,7 +76,7 @@ def train_and_measure(rank: int, steps: int) -> dict:
     compiles = []
     ex._log = lambda step, loss: compiles.append(lazyxla.metrics.counters()["compiles"])  # after each step's sync
     model, opt, losses = ex.train(flags)
-    ref_losses, ref, ref_opt = _cpu_reference(ex, flags)
+    ref_losses, ref, ref_opt = cpu_reference(ex, flags)
 
     params = dict(model.named_parameters())
     state = {

@@ -25,6 +25,7 @@ from lazyxla.lazy.tensor import unwrap
 from lazyxla.lowering import cache
 from lazyxla.lowering.registry import RULES, Rule
 from lazyxla.lowering.to_jax import LoweringError
+from tests.fsdpv2_workers import cpu_reference
 from tests.models import MLP
 from tests.util import ROOT, run_python
 
@@ -268,15 +269,5 @@ def test_torch_xla_eager_script_equals_cpu_eager(tmp_path, torch_xla, monkeypatc
     spec = importlib.util.spec_from_file_location("_eager_train_example", script)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
-    flags = ex.parse_args(["--steps", "3"])
-    torch.manual_seed(flags.seed)
-    model = ex.DecoderOnly()
-    opt = torch.optim.AdamW(model.parameters(), lr=flags.lr, weight_decay=0.01)
-    want = []
-    for ids in ex.fake_batches(flags.steps, flags.batch_size):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(ids[:, :-1], ex.token_scale(ids)).flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want, _, _ = cpu_reference(ex, ex.parse_args(["--steps", "3"]), scale=ex.token_scale)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
