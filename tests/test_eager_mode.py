@@ -75,13 +75,13 @@ def test_ops_that_update_their_arguments_leave_nothing_pending(dev):
         start = _executions()
         bn2 = torch.nn.Linear(4, 4).to(dev)
         assert _executions() == start
-        y = bn(x)  # num_batches_tracked += 1, then batch norm updating its running statistics
-        assert _executions() == start + 2
+        y = bn(x)  # num_batches_tracked += 1 (a known value: computed on the host), then batch norm updating
+        assert _executions() == start + 1  # its running statistics: one program
         assert all(_computed(t) for t in (y, bn.running_mean, bn.running_var, bn.num_batches_tracked))
         params = list(bn2.parameters())
         with torch.no_grad():
             torch._foreach_add_(params, 1.0)  # one op on a list: one program
-        assert _executions() == start + 3 and all(_computed(p) for p in params)
+        assert _executions() == start + 2 and all(_computed(p) for p in params)
     assert not lazyxla.is_eager_mode()  # override restores lazy mode
 
 
@@ -264,7 +264,9 @@ def test_torch_xla_eager_script_equals_cpu_eager(tmp_path, torch_xla, monkeypatc
     got = [float(v) for v in re.findall(r"^loss step=\d+ value=(\S+)$", proc.stdout, re.M)]
     eager, compiled = map(int, re.search(r"^programs eager=(\d+) compiled=(\d+)$", proc.stdout, re.M).groups())
     assert compiled == 3  # one program per compiled step
-    assert eager == 3 * 6  # per batch: its slices, the scale's float, mean, division and addition, one each
+    # per batch: the scale's float, mean, division and addition, one each (slicing the integer ids, whose values
+    # the host has, is computed on the host: lazy/known.py)
+    assert eager == 3 * 4
 
     spec = importlib.util.spec_from_file_location("_eager_train_example", script)
     ex = importlib.util.module_from_spec(spec)

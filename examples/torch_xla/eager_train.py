@@ -58,8 +58,8 @@ def main(flags):
     losses = []
     for i, ids in enumerate(fake_batches(flags.steps, flags.batch_size)):
         ids = ids.to(device)
-        inputs, targets = ids[:, :-1], ids[:, 1:]  # slices: run now, one op each
-        scale = token_scale(ids)
+        inputs, targets = ids[:, :-1], ids[:, 1:]
+        scale = token_scale(ids)  # runs now, op by op
         losses.append(step(inputs, targets, scale))
         print(f"loss step={i} value={losses[-1].item()!r}", flush=True)
     xm.wait_device_ops()
