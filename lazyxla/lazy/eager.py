@@ -37,7 +37,7 @@ from lazyxla.lazy.meta import leaves
 from lazyxla.lazy.tensor import LazyTensor, set_dispatch
 from lazyxla.observe import metrics
 
-_TRIGGER = "eager mode: the op just recorded"
+_COMPILED_CALL = "eager mode: a torch.compile'd call"
 _local = threading.local()  # per thread: inside an op being run eagerly (its inner ops are part of it)
 
 
@@ -64,7 +64,9 @@ def dispatch_eagerly(func, args, kwargs):
         _local.inside = False
     try:
         with metrics.timer_prefix("eager_"):  # eager_compile, eager_execute: torch_xla's EagerOp*Time
-            compute_now(_tensors(out) + [t for t, value in before if t._value is not value], _TRIGGER)
+            # (the trigger names the op: with config.explain_recompiles, a new shape of an op is explained
+            # against that op's last program, not another op's)
+            compute_now(_tensors(out) + [t for t, value in before if t._value is not value], f"eager mode: {func}")
     except BaseException:
         out = None  # noqa: F841  (the traceback keeps this frame: it must not keep the failed op's outputs alive)
         raise
@@ -81,7 +83,7 @@ def computed(out):
         return computed(outputs)
     """
     if config.eager:
-        compute_now(_tensors(out), _TRIGGER)
+        compute_now(_tensors(out), _COMPILED_CALL)
     return out
 
 
