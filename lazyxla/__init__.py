@@ -31,6 +31,7 @@ from lazyxla.device import devices as _devices
 from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend.export import Exported, ExportError, export
 from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
+from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
@@ -52,6 +53,8 @@ __version__ = "0.1.0"
 
 _kernels.install(_compat.device_name())  # "lazyxla", or "xla" for torch_xla's code (python -m lazyxla.run)
 _process_group.register()
+# torch.compile'd functions call the collectives without a graph break (lazyxla's files are skipped by Dynamo)
+dynamo.allow_in_graph(all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, broadcast)
 
 
 def device(index: int | None = None) -> torch.device:
@@ -85,6 +88,32 @@ def mark_step(wait: bool = False) -> SyncReport:
         lazyxla.mark_step()
     """
     return sync(wait=wait, reason="mark_step()")
+
+
+def eager_mode(enable: bool = True) -> None:
+    """Turn eager mode on (or off): each op is computed as soon as it is recorded, for debugging; a failing op
+    raises at its own line. ``lazyxla.compile`` regions and ``torch.compile``'d functions still run as one
+    program. Same as ``lazyxla.config.eager = enable`` (``LAZYXLA_EAGER=1``; for a block:
+    ``with lazyxla.config.override(eager=True):``).
+
+    Example::
+
+        lazyxla.eager_mode(True)
+        y = x @ w                              # computed now
+        with lazyxla.compile():                # one program, as in lazy mode
+            loss = model(x).sum(); loss.backward()
+    """
+    config.eager = bool(enable)
+
+
+def is_eager_mode() -> bool:
+    """Whether eager mode is on (off inside ``lazyxla.compile`` regions).
+
+    Example::
+
+        if lazyxla.is_eager_mode(): print("each op runs at once")
+    """
+    return config.eager
 
 
 def platform() -> str:
@@ -128,7 +157,9 @@ __all__ = [
     "debug",
     "device",
     "devices",
+    "eager_mode",
     "export",
+    "is_eager_mode",
     "load",
     "mark_step",
     "metrics",

@@ -84,6 +84,15 @@ FLAGS: tuple[Flag, ...] = (
         "positions one step takes again in every step (a qkv split) stay constants. See docs/performance.md.",
     ),
     Flag(
+        "eager",
+        bool,
+        False,
+        "Eager mode, for debugging: every op is computed as soon as it is recorded (one small program per op, "
+        "compiled once per op signature), so a failing op raises at its own line. lazyxla.compile regions and "
+        "torch.compile'd functions still run as one program. Off: ops are recorded and computed together at "
+        "the next sync (lazy mode). Same as lazyxla.eager_mode(True).",
+    ),
+    Flag(
         "host_read_computes",
         str,
         "needed",
@@ -255,6 +264,7 @@ def launcher_env() -> dict[str, str]:
 # torch_xla's PJRT runtime (for scripts run through lazyxla.compat), torchelastic's, jax's and XLA's.
 FOREIGN_VARIABLES = (
     "PJRT_DEVICE",
+    "XLA_USE_EAGER_DEBUG_MODE",
     "CPU_NUM_DEVICES",
     "GPU_NUM_DEVICES",
     "TPU_NUM_DEVICES",
@@ -305,6 +315,7 @@ class _Config:
             raw = os.environ.get(flag.env)
             values[flag.name] = flag.default if raw is None else _parse(flag, raw)
         object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_watchers", {})
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -319,6 +330,23 @@ class _Config:
         if not isinstance(value, flag.type):
             raise TypeError(f"lazyxla.config.{name} takes a {flag.type.__name__}, got {value!r}")
         self._values[name] = value
+        watcher = self._watchers.get(name)
+        if watcher is not None:
+            watcher(value)
+
+    def watch(self, name: str, callback) -> None:
+        """Call ``callback(value)`` now and whenever flag ``name`` is set: for a flag whose change must take
+        effect at once rather than being read where it is used (``eager`` swaps the op handler, so that lazy
+        mode pays nothing per op for it). One watcher per flag.
+
+        Example::
+
+            config.watch("eager", eager.apply)
+        """
+        if name not in _BY_NAME:
+            raise AttributeError(f"lazyxla.config has no flag {name!r}; flags: {sorted(_BY_NAME)}")
+        self._watchers[name] = callback
+        callback(self._values[name])
 
     def compile_key(self) -> tuple:
         """The values of the flags that change compiled output, for the compile-cache key."""

@@ -8,7 +8,8 @@
   of replica indices plus the group size (every group has the same size, as XLA requires); an empty list
   means one group of every replica.
 - ``shard(x, mesh, spec)``: an SPMD sharding constraint (``lazyxla.spmd.mark_sharding`` on a pending value).
-- ``compiled_graph(inputs, graph)``: one call of a ``torch.compile`` graph (``frontend/dynamo.py``).
+- ``compiled_graph(inputs, graph)``: one call of a ``torch.compile`` graph (``frontend/dynamo.py``);
+  ``compiled_graph_collective`` for a graph that holds replica collectives.
 - ``dynamic_select``, ``dynamic_slice``, ``dynamic_select_scatter``, ``dynamic_slice_scatter``: ``select``,
   ``slice`` (step 1, ``size`` elements) and their scatters at a position that is a program input (a ``Scalar``)
   rather than a constant: what ``lazy/positions.py`` records for a position that changes from sync to sync.
@@ -67,8 +68,11 @@ for _name, _schema in _SCHEMAS.items():
 library.define("shard(Tensor x, str mesh, str spec) -> Tensor")
 library.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
 
-# One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py).
+# One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py). A graph
+# that holds replica collectives (xm.all_reduce inside a compiled function) is ``compiled_graph_collective``: the
+# program that runs it spans the run's replicas, as one with a collective of its own.
 library.define("compiled_graph(Tensor[] inputs, str graph) -> Tensor[]")
+library.define("compiled_graph_collective(Tensor[] inputs, str graph) -> Tensor[]")
 
 # Positions that are program inputs (``Scalar``): lazy/positions.py records them, normalized and in range. The
 # CPU kernels (PyTorch's own ops) give the recorder's check of each new call signature its errors; the meta
@@ -97,3 +101,6 @@ library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)
+# The ops that make a program span the run's replicas (lowering/replica.py): the collectives, and compiled
+# graphs holding some.
+REPLICA_OPS = COLLECTIVE_OPS | {ops.compiled_graph_collective.default}

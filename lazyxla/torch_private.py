@@ -226,6 +226,7 @@ def set_module_apply(fn: Callable) -> None:
 # describes real tensors to the fake-tensor converter: lazyxla patches it to describe lazyxla tensors as XLA's
 MetaTensorDescriber = meta_utils.MetaTensorDescriber
 # Dynamo's modules lazyxla hooks when they are first imported (importing Dynamo costs ~1 s)
+DYNAMO = "torch._dynamo"
 DYNAMO_BACKEND_REGISTRY = "torch._dynamo.backends.registry"
 DYNAMO_TRACE_RULES = "torch._dynamo.trace_rules"
 

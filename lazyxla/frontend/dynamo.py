@@ -38,12 +38,17 @@ the trace; a float Dynamo passes as a 0-d CPU tensor goes to the device each cal
 shapes) are traced per concrete shape, up to ``_MAX_SIGNATURES`` per graph. Random ops draw from the
 same stream as lazy mode (``torch.manual_seed``): a new key per random op per call.
 
+Collectives: ``lazyxla.all_reduce`` & co. (and torch_xla's ``xm.all_reduce`` & co. through the compatibility
+layer) are registered with :func:`allow_in_graph`, so a compiled function calls them without a graph break
+(``fullgraph=True`` holds): Dynamo puts each call in its graph, AOTAutograd traces it into its
+``torch.ops.lazyxla`` collective op, and a graph holding one is recorded as ``compiled_graph_collective``,
+whose program spans the run's replicas (``lowering/replica.py``) with the collectives inside, as in lazy mode.
+
 Fallback: a graph that cannot be one op runs op by op in lazy mode instead (the FX graph module called
 on the lazyxla tensors; warned once per graph, counted as ``dynamo_op_by_op_calls``): an op with no
-rule and no decomposition (lazy mode runs it on the CPU), a replica collective (lowered over the run's
-replicas, outside any one op), a host read, tensors off the device. Graph breaks are Dynamo's: the code
-between graphs runs eagerly, that is in lazy mode. Tensors a failed trace leaves alive are made error
-leaves, which syncs skip.
+rule and no decomposition (lazy mode runs it on the CPU), a host read, tensors off the device. Graph breaks
+are Dynamo's: the code between graphs runs eagerly, that is in lazy mode. Tensors a failed trace leaves
+alive are made error leaves, which syncs skip.
 
 PyTorch integration (private APIs, from ``lazyxla.torch_private``): lazyxla tensors are fakified as
 XLA's are (``_install_fakification``), and lazyxla's and jax's files are in Dynamo's skip list, since the
@@ -71,7 +76,7 @@ from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
 from lazyxla.ir import IN, Leaf, canonical, digest, node, op_hash
-from lazyxla.lazy import rng
+from lazyxla.lazy import eager, rng
 from lazyxla.lazy.graph import plan_values
 from lazyxla.lazy.placeholders import disarm, placeholder
 from lazyxla.lazy.record import status_of
@@ -79,7 +84,7 @@ from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.registry import RULES
 from lazyxla.lowering.rules import compiled_graph
-from lazyxla.lowering.rules.compiled_graph import OP
+from lazyxla.lowering.rules.compiled_graph import OP, OP_COLLECTIVE
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.ops import COLLECTIVE_OPS
 from lazyxla.util import warn_once
@@ -138,11 +143,12 @@ class _Trace:
     outputs: list  # per graph output: ("result", k) | ("input", i) | ("const", value)
     avals: tuple  # the op's output avals
     device: int
+    op: Any = OP  # OP_COLLECTIVE when the graph holds replica collectives
 
     def __post_init__(self) -> None:
         n = len(self.used) + len(self.consts) + self.n_keys
         self.template = ((tuple(IN[:n]), self.digest), ())
-        self.base = op_hash(OP, canonical(self.template), self.device)  # the node hash's op part
+        self.base = op_hash(self.op, canonical(self.template), self.device)  # the node hash's op part
 
 
 def _leaf_kind(n, placeholders: dict[int, int]) -> str:
@@ -162,7 +168,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
     syncs = metrics.counters()["syncs"]
     try:
         # (autocast off: the graph holds the casts autocast made when it was captured)
-        with config.override(strict=True), torch.no_grad(), torch_private.disable_autocast():
+        with config.override(strict=True, eager=False), torch.no_grad(), torch_private.disable_autocast():
             out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
     except Exception as e:
         raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None
@@ -201,8 +207,6 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
         disarm(placeholders)
     results, order, leaves, _ = plan_values(values)
     kinds = [_leaf_kind(n, placeholders) for n in leaves]
-    if any(n.op in COLLECTIVE_OPS for n in order):
-        raise _NotOneOp("it holds a replica collective (those are lowered over the run's replicas)")
     # the op's inputs: the used graph inputs, the constants, the keys (scalars are baked in)
     arg_leaves = [n for n, k in zip(leaves, kinds) if k == "input"]
     arg_leaves += [n for n, k in zip(leaves, kinds) if k == "const"]
@@ -221,6 +225,7 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
         outputs=outputs,
         avals=tuple(m.avals[i] for m, i in results),
         device=device,
+        op=OP_COLLECTIVE if any(n.op in COLLECTIVE_OPS for n in order) else OP,
     )
 
 
@@ -284,8 +289,6 @@ class CompiledGraph:
             for v in vals:
                 if isinstance(v, torch.Tensor) and not on_device(v) and (v.dim() or n.op == "output"):
                     return f"{n.format_node()} makes a tensor on {v.device}"
-            if n.op == "call_function" and n.target in COLLECTIVE_OPS:
-                return f"{n.format_node()} is a replica collective"
             if (
                 n.op == "call_function"
                 and isinstance(n.target, torch_private.OpOverload)
@@ -339,14 +342,15 @@ class CompiledGraph:
         inputs = [lazies[i]._value for i in trace.used]
         inputs += [c._value for c in trace.consts]
         inputs += [(rng.next_key_leaf(device), 0) for _ in range(trace.n_keys)]
-        n = node(OP, tuple(inputs), trace.template, trace.avals, device, trace.base)
+        n = node(trace.op, tuple(inputs), trace.template, trace.avals, device, trace.base)
         if config.explain_recompiles:
             diagnostics.note_recorded(n)
         metrics.inc("dynamo_calls")
+        results = eager.computed([LazyTensor((n, x), a) for x, a in enumerate(trace.avals)])  # now, in eager mode
         out = []
         for how, x in trace.outputs:
-            if how == "result":
-                out.append(wrap(LazyTensor((n, x), trace.avals[x])))
+            if how == "result":  # (a tensor of its own per output: in-place updates rebind one tensor only)
+                out.append(wrap(LazyTensor(results[x]._value, trace.avals[x])))
             elif how == "input":
                 out.append(wrap(LazyTensor(lazies[x]._value, lazies[x]._aval)))
             else:
@@ -470,7 +474,38 @@ def _skip_in(trace_rules) -> None:
         torch_private.skip_in_dynamo(trace_rules, name)
 
 
-_ON_IMPORT = {torch_private.DYNAMO_BACKEND_REGISTRY: _register_in, torch_private.DYNAMO_TRACE_RULES: _skip_in}
+# Functions Dynamo puts in its graph as one call each although their files are skipped (allow_in_graph).
+_IN_GRAPH: list[Callable] = []
+_dynamo_loaded = [False]
+
+
+def allow_in_graph(*fns: Callable) -> None:
+    """Let ``torch.compile``'d code call ``fns`` (lazyxla functions, whose files Dynamo skips) without a graph
+    break: Dynamo puts each call in its graph whole and AOTAutograd traces the torch ops it runs (the
+    collectives' ``torch.ops.lazyxla`` ops), now if Dynamo is loaded, else when it is. For functions of tensors
+    and constants whose results are tensors, lists of them, or their in-place updated arguments.
+
+    Example::
+
+        allow_in_graph(lazyxla.all_reduce, lazyxla.all_gather)
+    """
+    _IN_GRAPH.extend(fns)
+    if _dynamo_loaded[0]:
+        for fn in fns:
+            torch.compiler.allow_in_graph(fn)
+
+
+def _allow_in(dynamo) -> None:
+    _dynamo_loaded[0] = True
+    for fn in _IN_GRAPH:
+        torch.compiler.allow_in_graph(fn)
+
+
+_ON_IMPORT = {
+    torch_private.DYNAMO_BACKEND_REGISTRY: _register_in,
+    torch_private.DYNAMO_TRACE_RULES: _skip_in,
+    torch_private.DYNAMO: _allow_in,  # (after the package's own import: allow_in_graph needs all of it)
+}
 
 
 class _OnImport(importlib.abc.MetaPathFinder):

@@ -16,9 +16,9 @@ from lazyxla.frontend import autocast, modules, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.record import DEVICE_KERNEL_OPS, dispatch
+from lazyxla.lazy.record import DEVICE_KERNEL_OPS
 from lazyxla.lazy.special import copy_into, lazy_to_cpu
-from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, dispatch_op, unwrap, wrap
 
 aten = torch.ops.aten
 _flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
@@ -55,7 +55,7 @@ def _backend_kernel(op, *args, **kwargs):
     """Every op that reaches the lazyxla backend key: factories (no lazyxla tensor argument) and
     ``out=`` ops below functionalization."""
     args, kwargs = _unwrap_all(args), {k: _unwrap_all(v) for k, v in kwargs.items()}
-    result = dispatch(op, args, kwargs)
+    result = dispatch_op(op, args, kwargs)  # the installed handler: the recorder, or eager mode around it
     return result if _below_functionalization() else _rewrap(result)
 
 

@@ -417,6 +417,15 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
         _compute_left_over(trigger)
 
 
+def compute_now(tensors: list[LazyTensor], trigger: str) -> None:
+    """Compute the pending ones of ``tensors`` at once and rebind them to their results, donating nothing and
+    marking no step: eager mode's execution of one op (``lazy/eager.py``). ``executions`` counts the program as
+    any. A failure raises here, at the op, and changes nothing (the failure model of a sync)."""
+    pending = [t for t in tensors if t._value[0].op.__class__ is not Leaf]
+    if pending:
+        _run_groups(pending, None, trigger, SyncReport())
+
+
 def _compute(want: list[tuple], donate: bool, trigger: str, cut: bool = True) -> None:
     """Run the program of the values ``want``, rebinding every live tensor it computes and (``cut``) cutting the
     others at its work (``lazy/cut.py``); ``donate``: as a sync does, keeping what the pending graphs read."""

@@ -13,10 +13,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
+from lazyxla.lazy import eager
 from lazyxla.lazy.graph import sync
 from lazyxla.observe import diagnostics
 from lazyxla.observe.diagnostics import CompileRegionError
@@ -30,7 +32,8 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
     CPU fallback, a data-dependent shape) raises :class:`CompileRegionError` at that line.
     ``max_different_graphs=N``: the region may produce at most N distinct graphs over all its runs;
     one more raises, saying where the new graph differs from the previous one. ``name`` identifies the
-    region (default: the function's qualified name, or the ``with`` statement's line).
+    region (default: the function's qualified name, or the ``with`` statement's line). In eager mode
+    (``lazyxla.eager_mode``) the region is still one program: eager mode is off inside it.
 
     Example::
 
@@ -53,7 +56,7 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         self.full_graph = full_graph
         self.max_graphs = max_different_graphs
         self.name = name or (getattr(fn, "__qualname__", None) if fn is not None else None)
-        self._active: list[diagnostics.Region] = []
+        self._active: list[tuple[diagnostics.Region, contextlib.AbstractContextManager]] = []
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -65,21 +68,28 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
             return self.fn(*args, **kwargs)
 
     def __enter__(self) -> compile:
-        sync()
+        lazy = eager.disabled()  # (as torch_xla.compile: a region is traced lazily even in eager mode)
+        lazy.__enter__()
+        try:
+            sync()
+        except BaseException:
+            lazy.__exit__(None, None, None)
+            raise
         name = self.name or diagnostics.user_frame(2)
         region = diagnostics.Region(name, self.full_graph, self.max_graphs)
-        self._active.append(region)
+        self._active.append((region, lazy))
         diagnostics.enter(region)
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        region = self._active.pop()
+        region, lazy = self._active.pop()
         try:
             if kind is None:
                 region.closing = True
                 sync()
         finally:
             diagnostics.leave(region)
+            lazy.__exit__(None, None, None)
 
 
 __all__ = ["CompileRegionError", "compile"]

@@ -87,6 +87,17 @@ def set_dispatch(handler) -> None:
     _dispatch = handler
 
 
+def dispatch_op(func, args, kwargs):
+    """Run one aten op on LazyTensors through the installed handler, as ``__torch_dispatch__`` does: the
+    device's own kernels (factories) call this, so that eager mode (``lazy/eager.py``) sees their ops too.
+
+    Example::
+
+        out = dispatch_op(torch.ops.aten.randn.default, ([2, 3],), {"device": dev})
+    """
+    return _dispatch(func, args, kwargs)
+
+
 def wrap(lt: LazyTensor) -> torch.Tensor:
     """The user-visible tensor: a functionalization wrapper around ``lt``."""
     return _to_functional(lt)

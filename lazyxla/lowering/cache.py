@@ -46,7 +46,7 @@ from lazyxla.ir import digest
 from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import metrics
-from lazyxla.ops import COLLECTIVE_OPS
+from lazyxla.ops import REPLICA_OPS
 from lazyxla.util import atomic_write, remove_stale_temps, warn_once
 
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
@@ -186,7 +186,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
     donated = _usable_donations(donate_candidates, in_avals, out_avals)
     layout = ArgLayout(leaves)
     spmd = devices.spmd_enabled()
-    collective = any(n.op in COLLECTIVE_OPS for n in order)
+    collective = any(n.op in REPLICA_OPS for n in order)
     if spmd and collective:
         raise RuntimeError(
             "lazyxla: replica collectives (lazyxla.all_reduce, ...) do not mix with SPMD mode, where one program "
@@ -275,7 +275,7 @@ def lower(order, leaves, roots, device: int):
         text = cache.lower(order, leaves, roots, 0).as_text()     # StableHLO
     """
     layout = ArgLayout(leaves)
-    collective = any(n.op in COLLECTIVE_OPS for n in order)
+    collective = any(n.op in REPLICA_OPS for n in order)
     reps = replica.replicas() if collective and processes.world_size() > 1 else None
     dev = None if devices.spmd_enabled() else devices.jax_device(device)
     with devices.x64(), jax.default_matmul_precision(config.matmul_precision):

@@ -41,10 +41,26 @@ def set_annotations(on: bool) -> None:
     _annotate[0] = on
 
 
+_prefix = [""]  # prepended to every timer's name (eager mode's per-op programs: "eager_")
+
+
+@contextlib.contextmanager
+def timer_prefix(prefix: str) -> Iterator[None]:
+    """Inside: every timer's samples go to ``prefix + name`` (eager mode's programs time as ``eager_compile``,
+    ``eager_execute``, ..., apart from the steps' ``compile`` and ``execute``)."""
+    saved, _prefix[0] = _prefix[0], prefix
+    try:
+        yield
+    finally:
+        _prefix[0] = saved
+
+
 @contextlib.contextmanager
 def timer(name: str, also: str | None = None) -> Iterator[None]:
     """Time the block under ``name`` (and, if given, under ``also`` too: a finer name for the same span, e.g.
     a transfer's direction, without a second profile span)."""
+    name = _prefix[0] + name
+    also = None if also is None else _prefix[0] + also
     span = _span(name) if _annotate[0] else contextlib.nullcontext()
     with span:
         start = time.perf_counter()

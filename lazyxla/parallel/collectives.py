@@ -31,6 +31,8 @@ __all__ = [
 def _check_op(op, fn: str) -> ReduceOp:
     if isinstance(op, ReduceOp):
         return op
+    if type(op) is int and torch.compiler.is_compiling() and op in ReduceOp.__members__.values():
+        return ReduceOp(op)  # (Dynamo hands the functions it puts in its graph an enum's value as a plain int)
     raise TypeError(
         f"{fn}: the reduce op must be a lazyxla.ReduceOp (SUM, MUL, MIN, MAX, AND, OR), got {op!r}; "
         "e.g. lazyxla.all_reduce(lazyxla.ReduceOp.SUM, t)"

@@ -132,8 +132,8 @@ def replicated() -> NamedSharding:
     return devices.replicated()
 
 
-def set_global_mesh(m: Mesh) -> None:
-    """Remember ``m`` as the run's mesh (what ``get_global_mesh`` returns).
+def set_global_mesh(m: Mesh | None) -> None:
+    """Remember ``m`` as the run's mesh (what ``get_global_mesh`` returns; None forgets it).
 
     Example::
 

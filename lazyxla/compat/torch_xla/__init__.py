@@ -204,15 +204,30 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method)
 
 
-from lazyxla.compat.torch_xla import _XLAC, runtime  # noqa: E402, F401  (_XLAC: torch_xla imports it too)
+from lazyxla.compat.torch_xla import _XLAC, experimental, runtime  # noqa: E402, F401  (_XLAC: torch_xla imports it too)
 from lazyxla.compat.torch_xla.core import xla_model as xm  # noqa: E402
 from lazyxla.compat.torch_xla.distributed import xla_multiprocessing as xmp  # noqa: E402
+
+# torch.compile'd functions call xm's collectives without a graph break (lazyxla's files are skipped by Dynamo)
+lazyxla.dynamo.allow_in_graph(
+    xm.all_reduce,
+    xm.all_gather,
+    xm.all_gather_bucketized,
+    xm.reduce_scatter,
+    xm.reduce_scatter_bucketized,
+    xm.all_to_all,
+    xm.collective_permute,
+)
+
+if foreign_env("XLA_USE_EAGER_DEBUG_MODE") == "1":  # torch_xla's switch for eager mode at import
+    experimental.eager_mode(True)
 
 __all__ = [
     "compile",
     "device",
     "device_count",
     "devices",
+    "experimental",
     "launch",
     "manual_seed",
     "real_devices",

@@ -2,8 +2,9 @@
 
 The ``torch.compile`` backend (``lazyxla.dynamo``) traces each FX graph through lazy mode once per input
 signature, registers the traced IR here under its digest (``register``), and records one node of this op
-per call: ``compiled_graph(inputs, digest)``, whose inputs are the call's tensors, the trace's constant
-arrays and one RNG key per random op. The rule interprets the registered IR with the rule table
+per call: ``compiled_graph(inputs, digest)`` (``compiled_graph_collective`` when the graph holds replica
+collectives: the program around it then spans the replicas), whose inputs are the call's tensors, the trace's
+constant arrays and one RNG key per random op. The rule interprets the registered IR with the rule table
 (``to_jax.apply``) inside one ``jax.jit``, so the call becomes part of the step's program like any op.
 
 Example::
@@ -26,6 +27,7 @@ from lazyxla.lowering.registry import lowers
 from lazyxla.ops import ops
 
 OP = ops.compiled_graph.default  # declared in lazyxla/ops.py
+OP_COLLECTIVE = ops.compiled_graph_collective.default  # a graph holding replica collectives: spans the replicas
 
 
 class TracedGraph:
@@ -68,10 +70,12 @@ def register(name: str, order: list, leaves: list, results: list) -> None:
     GRAPHS[name] = TracedGraph(order, leaves, results)
 
 
-@lowers(OP)
+@lowers(OP, OP_COLLECTIVE)
 def _compiled_graph(ctx, inputs, graph):
-    """One call of a compiled FX graph: the trace's jitted jax function on the call's arrays."""
+    """One call of a compiled FX graph: the trace's jitted jax function on the call's arrays (its collectives
+    over ``ctx.axis``, the replica axis of the program around it)."""
     traced = GRAPHS.get(graph)
     if traced is None:
         raise RuntimeError(f"lazyxla: no traced graph {graph} in this process (a torch.compile graph of another run?)")
     return list(traced.jax_fn(ctx.axis, ctx.world)(*inputs))
+

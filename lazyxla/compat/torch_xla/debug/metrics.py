@@ -14,6 +14,8 @@ torch_xla name                 lazyxla source
 ``aten::<op>``                 counter ``fallback.aten.<op>.<overload>`` (ops run on the CPU)
 ``CompileTime``                timer ``compile``
 ``ExecuteTime``                timer ``execute`` (dispatch: lazyxla runs programs asynchronously)
+``EagerOpCompileTime``         timer ``eager_compile`` (eager mode: each op's program, when built)
+``EagerOpExecuteTime``         timer ``eager_execute`` (eager mode: each op's program)
 ``TransferToDeviceTime``       timer ``transfer_to_device``
 ``TransferFromDeviceTime``     timer ``transfer_from_device``
 ``TraceTime``                  timer ``trace``
@@ -64,6 +66,8 @@ _COUNTERS = {
 _METRICS = {
     "CompileTime": "compile",
     "ExecuteTime": "execute",
+    "EagerOpCompileTime": "eager_compile",
+    "EagerOpExecuteTime": "eager_execute",
     "TransferToDeviceTime": "transfer_to_device",
     "TransferFromDeviceTime": "transfer_from_device",
     "TraceTime": "trace",

@@ -172,15 +172,15 @@ def get_1d_mesh(axis_name: str | None = None) -> Mesh:
     return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
 
 
-def set_global_mesh(mesh: Mesh) -> None:
-    """Remember ``mesh`` as the process's mesh (what :func:`get_global_mesh` returns).
+def set_global_mesh(mesh: Mesh | None) -> None:
+    """Remember ``mesh`` as the process's mesh (what :func:`get_global_mesh` returns; None forgets it).
 
     Example::
 
         xs.set_global_mesh(mesh)
     """
     _state["global_mesh"] = mesh
-    lazyxla.spmd.set_global_mesh(mesh.lazyxla_mesh)
+    lazyxla.spmd.set_global_mesh(None if mesh is None else mesh.lazyxla_mesh)
 
 
 def get_global_mesh() -> Mesh | None:
