@@ -412,3 +412,23 @@ def hang_after_failure(rank: int) -> None:
     if rank == 0:
         raise ValueError("deliberate failure in rank 0")
     time.sleep(600)
+
+
+def rank_numbers(rank: int) -> dict:
+    """Python numbers whose value differs between ranks (0 on one rank, 1 on another) in math that a
+    collective reduces: each rank's program must take them as inputs, not constants (a rank whose program
+    had 0.0 baked in met the other's collective with a wrong sum)."""
+    import lazyxla
+
+    dev = lazyxla.device()
+    total = lazyxla.ReduceOp.SUM
+    x = torch.ones(4, device=dev)
+    out = {}
+    for name, s in (("rank", float(rank)), ("rank+1", float(rank + 1)), ("-rank", -float(rank))):
+        out[name] = lazyxla.all_reduce(total, x * s + s).cpu().tolist()
+    out["alpha"] = lazyxla.all_reduce(total, torch.add(x, x, alpha=rank)).cpu().tolist()
+    # beta=0 ignores the input, NaNs included, as in PyTorch, also when beta is a program input
+    a = torch.ones(2, 2, device=dev)
+    bias = torch.full((2, 2), float("nan"), device=dev) if rank == 0 else a
+    out["beta"] = lazyxla.all_reduce(total, torch.addmm(bias, a, a, beta=rank)).cpu().tolist()
+    return out

@@ -225,3 +225,24 @@ def test_a_baked_scalar_is_explained_with_a_0d_tensor_as_the_way_out(dev):
         "the op computes, so it is part of the program; pass a 0-d tensor instead (torch.tensor(value, "
         "device=...)) to make it a program input"
     )
+
+
+def test_coefficients_as_inputs_keep_pytorch_semantics(dev):
+    # in a multi-process run 0 and +-1 are program inputs too (lazy/meta.py): beta=0 still ignores NaNs
+    from lazyxla.device import processes
+
+    processes.programs_span_processes[0] = True
+    try:
+        a = torch.randn(3, 3)
+        nan = torch.full((3, 3), float("nan"))
+        for beta, alpha in ((0, 1), (0.0, -1.0), (1, 0), (-1, 1.0)):
+            want = torch.addmm(nan if beta == 0 else a, a, a, beta=beta, alpha=alpha)
+            got = torch.addmm((nan if beta == 0 else a).to(dev), a.to(dev), a.to(dev), beta=beta, alpha=alpha)
+            torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+        x = torch.tensor([1.0, float("nan"), -2.0])
+        for s in (0.0, 1.0, -1.0, 0.5):
+            torch.testing.assert_close((x.to(dev) * s + s).cpu(), x * s + s, equal_nan=True)
+    finally:
+        processes.programs_span_processes[0] = False
+    # the values are inputs: a program per signature (int or float beta and alpha), not per value (8 if baked)
+    assert lazyxla.metrics.counters()["compiles"] <= 5

@@ -27,6 +27,14 @@ def test_collectives_equal_numpy(nprocs, groups):
     assert bad == [[]] * nprocs, [b for b in bad if b]
 
 
+def test_numbers_that_differ_between_ranks_are_program_inputs():
+    # float(rank) is 0.0 on rank 0 and 1.0 on rank 1: as constants they gave the ranks different programs,
+    # which met in the all-reduce with wrong sums (rank 0 read 0, rank 1 read 4 for x * s + s)
+    results = lazyxla.spawn(W.rank_numbers, nprocs=2, timeout_s=240)
+    want = {"rank": [2.0] * 4, "rank+1": [6.0] * 4, "-rank": [-2.0] * 4, "alpha": [3.0] * 4, "beta": [[5.0] * 2] * 2}
+    assert results == [want, want]
+
+
 def test_runtime_facts_in_every_rank():
     facts = lazyxla.spawn(W.runtime_facts, nprocs=2, timeout_s=120)
     for rank, f in enumerate(facts):

@@ -38,6 +38,10 @@ class DistributedError(RuntimeError):
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # 'initialized', 'local_rank', 'rendezvous' (tag -> count)
+# True once this process has joined a run of several processes. Their programs over the replicas are one
+# program that every process must build alike, so lazy/meta.py then bakes no Python number whose value may
+# differ between ranks (0 and +-1, kept as constants in one process: float(rank) is 0.0 on rank 0 only).
+programs_span_processes = [False]
 
 
 _backend_started = jax_private.backend_started  # whether it is too late to join a run or set CPU devices
@@ -110,6 +114,7 @@ def initialize(
             ) from e
         if _is_loopback(_host(args.get("coordinator_address", ""))):
             _gloo_on_loopback()
+        programs_span_processes[0] = jax.process_count() > 1
         rank = config.local_rank if config.local_rank >= 0 else int(launcher_env().get("LOCAL_RANK", -1))
         if local_rank is not None:
             rank = local_rank

@@ -16,7 +16,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.config import config
-from lazyxla.device import devices
+from lazyxla.device import devices, processes
 from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, slot
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.tensor import LazyTensor
@@ -56,8 +56,11 @@ _INT_SELECTS = frozenset(
         ("aten::multi_margin_loss_backward", "p"),
     }
 )
-# Python floats in these ops that stay constants: 0 and +-1 simplify the program.
+# Python floats in these ops that stay constants: 0 and +-1 simplify the program. Not in a multi-process run
+# (``_spans``): there a rank-dependent value (``x * float(rank)``) would give the ranks different programs, which
+# met in their collectives with wrong numbers.
 _CONST_FLOATS = frozenset({0.0, 1.0, -1.0})
+_spans = processes.programs_span_processes  # [bool], read per number: set once the run's processes joined
 # Ints that stay constants in a coefficient (a ``Scalar`` with a numeric default: alpha, beta, a fill value):
 # 1 drops a multiply and ``beta=0`` ignores the input, NaNs included.
 _CONST_INTS = frozenset({0, 1, -1})
@@ -116,7 +119,11 @@ def scalar_args(func) -> tuple[tuple[int, ...], dict[str, int]]:
 
 def _int_input(v: int, kind: int) -> bool:
     """Whether the Python int ``v`` in an argument of this kind is a graph input (else a constant)."""
-    return kind >= NUMBERS and _I64[0] <= v <= _I64[1] and not (kind == COEFFICIENT and v in _CONST_INTS)
+    return (
+        kind >= NUMBERS
+        and _I64[0] <= v <= _I64[1]
+        and not (kind == COEFFICIENT and v in _CONST_INTS and not _spans[0])
+    )
 
 
 def int_range(v: int) -> tuple:
@@ -166,7 +173,7 @@ class _Flat:
             return self.host_tensor(x)
         if isinstance(x, (list, tuple)):
             return tuple(self.conv(e, scalar) for e in x)
-        if scalar and type(x) is float and x not in _CONST_FLOATS:
+        if scalar and type(x) is float and (x not in _CONST_FLOATS or _spans[0]):
             return self._add((leaf(Leaf.SCALAR, x, _F64, -1), 0), _F64, x)
         if type(x) is int and _int_input(x, scalar):
             return self._add((leaf(Leaf.SCALAR, x, _I64_AVAL, -1), 0), _I64_AVAL, x)
@@ -496,7 +503,7 @@ def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
         sig.append(a._aval)
         return a._value[0].device
     if t is float:
-        if scalar and a not in _CONST_FLOATS:
+        if scalar and (a not in _CONST_FLOATS or _spans[0]):
             inputs.append((leaf(Leaf.SCALAR, a, _F64, -1), 0))
             sig.append(_FLOAT_INPUT)
         else:

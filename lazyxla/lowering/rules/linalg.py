@@ -30,9 +30,12 @@ def _scaled(x, s):
 def _add_scaled(ctx, inp, prod, beta, alpha):
     """``beta * inp + alpha * prod``; with beta == 0 ``inp`` is ignored, NaNs included, as in PyTorch."""
     out = _scaled(prod, alpha)
-    if isinstance(beta, (int, float)) and beta == 0:
-        return jnp.broadcast_to(out, ctx.shape)
-    return _scaled(inp, beta) + out
+    if isinstance(beta, (int, float)):
+        if beta == 0:
+            return jnp.broadcast_to(out, ctx.shape)
+        return _scaled(inp, beta) + out
+    # an input (a multi-process run makes every coefficient one, 0 included: lazy/meta.py)
+    return jnp.where(beta == 0, jnp.zeros((), inp.dtype), inp * beta) + out
 
 
 @lowers(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
