@@ -330,6 +330,7 @@ def _group(tensors):
 
 _transfers_at_last_sync = [0]
 # How many syncs and host reads have run (one item, read per op): the recording between two of them is one epoch.
+# In a multi-process run host reads do not count (a read on one rank only must not change its programs).
 # lazy/positions.py tells a position that changes from step to step from the several positions of one step by it.
 epoch = [0]
 

@@ -9,7 +9,8 @@ position at every token (Hugging Face's beam search: ``running_beam_indices[...,
 
 So each such call is keyed by what stays when only the position changes (the op, its tensors' avals, the dim;
 the output's size is in the avals), and the key remembers the positions it took in its first epoch (the
-recording between two syncs or host reads, ``graph.epoch``). Those stay constants; any other position records
+recording between two syncs or host reads, ``graph.epoch``; in a multi-process run only syncs, so that a read on
+one rank only cannot make its programs differ from the others'). Those stay constants; any other position records
 the ``lazyxla.dynamic_*`` op of the same meaning (``lazyxla/ops.py``), which takes the position as a program
 input (``lax.dynamic_slice`` and its kin). A loop whose position moves after each read compiles its first
 position's program and one with the position an input, then nothing; a second identical loop runs those two
