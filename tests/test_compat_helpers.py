@@ -159,7 +159,8 @@ def test_test_utils_prints_updates_and_writes_summaries(xla, dev, capsys):
     test_utils.print_training_update(dev, 3, 0.123456, 10.0, 12.5, epoch=1)
     test_utils.print_test_update(dev, 97.5, epoch=2)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"| Training Device={dev}/0 Epoch=1 Step=3 Loss=0.12346 Rate=10.00 GlobalRate=12.50 Time=")
+    want = f"| Training Device={dev}/0 Epoch=1 Step=3 Loss=0.12346 Rate=10.00 GlobalRate=12.50 Time="
+    assert lines[0].startswith(want)
     assert lines[1].startswith(f"| Test Device={dev}/0 Epoch=2 Accuracy=97.50 Time=")
     assert test_utils.get_summary_writer(None) is None
     test_utils.write_to_summary(None, 1, {"loss": 1.0})  # no writer: nothing to do
@@ -169,7 +170,7 @@ def test_test_utils_prints_updates_and_writes_summaries(xla, dev, capsys):
     test_utils.write_to_summary(writer, 5, {"loss": 0.5}, write_xla_metrics=True)
     names = [name for name, _, _ in writer.scalars]
     assert writer.scalars[0] == ("loss", 0.5, 5) and names[-1] == "aten_ops_sum"
-    assert "CompileTime__Percentile_50" in names or any(n.startswith("CompileTime") for n in names)
+    assert any(n.startswith("CompileTime") for n in names)  # torch_xla's metric names, parsed from the report
     test_utils.close_summary_writer(writer)
     assert writer.closed
 
