@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import urllib.parse
@@ -171,8 +170,7 @@ def _mesh_of(ranks: list[int], world: int, pg_options) -> list[list[int]] | None
 _torch_new_group = dist.new_group
 
 
-@functools.wraps(_torch_new_group)
-def new_group(ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
+def new_xla_process_group(ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
     """``torch.distributed.new_group``, and for a ``ProcessGroupXla`` its mesh (see the module's doc).
 
     Example::
@@ -195,7 +193,7 @@ def _register() -> None:
         dist.Backend.register_backend("xla", _create, devices=[torch_name()])
     if not torch_private.has_rendezvous_handler("xla"):
         _rendezvous.register_rendezvous_handler("xla", _xla_rendezvous_handler)
-    dist.new_group = new_group  # as torch_xla does: groups of ProcessGroupXla get their mesh
+    dist.new_group = new_xla_process_group  # as torch_xla does: groups of ProcessGroupXla get their mesh
 
 
 _register()
