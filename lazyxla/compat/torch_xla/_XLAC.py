@@ -46,10 +46,9 @@ def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
         xs.mark_sharding(t, mesh, ("data", None))
         print(torch_xla._XLAC._get_xla_sharding_spec(t))     # {devices=[4,1]0,1,2,3}
     """
-    # imported here: the SPMD debugging module (and rich) load only when a sharding is asked for
-    from lazyxla.compat.torch_xla.distributed.spmd.debugging import construct_v1_sharding_str
+    from lazyxla.compat.torch_xla.distributed.spmd import debugging  # loads rich: only when a sharding is asked for
 
-    return construct_v1_sharding_str(tensor)
+    return debugging.construct_v1_sharding_str(tensor)
 
 
 def __getattr__(name: str):
