@@ -82,6 +82,11 @@ class Mesh:
         return f"Mesh(shape={self.mesh_shape}, axis_names={self.axis_names})"
 
 
+def is_known(jax_mesh) -> bool:
+    """Whether ``jax_mesh`` is the jax mesh of a :class:`Mesh` built here."""
+    return any(m.jax_mesh == jax_mesh for m in _meshes.values())
+
+
 def lookup(key: str) -> Mesh:
     """The mesh made with ``key`` (``Mesh.key``) in this process."""
     return _meshes[key]

@@ -41,7 +41,8 @@ def _op(reduce_op) -> tuple[ReduceOp, bool]:
     )
 
 
-def _done(result) -> object:
+def done(result) -> object:
+    """A completed ``Work`` holding ``result`` (every collective here completes at the call)."""
     fut = torch.futures.Future()
     fut.set_result(result)
     return torch_private.work_from_future(fut)
@@ -66,12 +67,6 @@ class LazyxlaProcessGroup(ProcessGroup):
     def __init__(self, rank: int, size: int) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        if size != processes.world_size() or rank != processes.global_ordinal():
-            raise RuntimeError(
-                f"init_process_group('lazyxla') was given rank {rank} of {size}, but this process is replica "
-                f"{processes.global_ordinal()} of {processes.world_size()}: launch with lazyxla.spawn or "
-                "torchrun, whose variables both agree"
-            )
         self._host_calls = 0
 
     def getBackendName(self) -> str:
@@ -79,6 +74,15 @@ class LazyxlaProcessGroup(ProcessGroup):
 
     def size(self) -> int:
         return self._size
+
+    def _groups(self) -> list[list[int]] | None:
+        """The replica groups of the collectives (None: every replica in one group, this group)."""
+        return None
+
+    def _host(self, what: str) -> None:
+        """CPU tensors go through the host exchange, which spans every replica: not for a group of some."""
+        if self._groups() is not None:
+            raise NotImplementedError(f"{what} of CPU tensors in a process group of some replicas: use gloo")
 
     # -- host exchange for CPU tensors ---------------------------------------------------------------
 
@@ -94,8 +98,9 @@ class LazyxlaProcessGroup(ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if _on_device(tensors):
-            all_reduce(op, list(tensors), scale=1.0 / self._size if avg else 1.0)
-            return _done(tensors)
+            all_reduce(op, list(tensors), scale=1.0 / self._size if avg else 1.0, groups=self._groups())
+            return done(tensors)
+        self._host("all_reduce")
         values = self._exchange([t.clone() for t in tensors])
         for i, t in enumerate(tensors):
             stack = torch.stack([v[i] for v in values])
@@ -106,7 +111,7 @@ class LazyxlaProcessGroup(ProcessGroup):
                 ReduceOp.MAX: lambda s: s.amax(0),
             }[op](stack) if op in (ReduceOp.SUM, ReduceOp.MUL, ReduceOp.MIN, ReduceOp.MAX) else _bitwise(op, stack)
             t.copy_(reduced / self._size if avg else reduced)
-        return _done(tensors)
+        return done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -114,25 +119,29 @@ class LazyxlaProcessGroup(ProcessGroup):
     def allgather(self, output_lists, input_tensors, opts=None):
         for outputs, x in zip(output_lists, input_tensors):
             if _on_device([x, *outputs]):
-                gathered = all_gather(x.unsqueeze(0), 0)
+                gathered = all_gather(x.unsqueeze(0), 0, groups=self._groups())
                 _copy_into(outputs, list(gathered.unbind(0)))
             else:
+                self._host("all_gather")
                 _copy_into(outputs, self._exchange(x.clone()))
-        return _done(output_lists)
+        return done(output_lists)
 
     def _allgather_base(self, output, x, opts=None):
         if _on_device([output, x]):
-            _copy_into([output], [all_gather(x, 0)])
+            gathered = all_gather(x.reshape(1) if x.dim() == 0 else x, 0, groups=self._groups())
+            # all_gather_into_tensor takes the pieces concatenated (n * d0, ...) or stacked (n, d0, ...)
+            _copy_into([output], [gathered.reshape(output.shape)])
         else:
+            self._host("all_gather")
             _copy_into([output], [torch.cat(self._exchange(x.clone()))])
-        return _done([output])
+        return done([output])
 
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for o, x in zip(outputs, inputs):
             self._allgather_base(o, x, opts)
-        return _done(outputs)
+        return done(outputs)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -141,7 +150,7 @@ class LazyxlaProcessGroup(ProcessGroup):
         else:
             values = self._exchange([t.clone() for t in tensors])
             _copy_into(tensors, values[root])
-        return _done(tensors)
+        return done(tensors)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -149,16 +158,17 @@ class LazyxlaProcessGroup(ProcessGroup):
             if not _on_device([out, *pieces]):
                 raise NotImplementedError("reduce_scatter of CPU tensors on the lazyxla process group: use gloo")
             whole = torch.cat([p.reshape(-1) for p in pieces])
-            mine = reduce_scatter(op, whole, 1.0 / self._size if avg else 1.0, 0, self._size)
+            mine = reduce_scatter(op, whole, 1.0 / self._size if avg else 1.0, 0, self._size, groups=self._groups())
             _copy_into([out], [mine.reshape(out.shape)])
-        return _done(outputs)
+        return done(outputs)
 
     def _reduce_scatter_base(self, output, x, opts=None):
         op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if not _on_device([output, x]):
             raise NotImplementedError("reduce_scatter of CPU tensors on the lazyxla process group: use gloo")
-        _copy_into([output], [reduce_scatter(op, x, 1.0 / self._size if avg else 1.0, 0, self._size)])
-        return _done([output])
+        scale = 1.0 / self._size if avg else 1.0
+        _copy_into([output], [reduce_scatter(op, x, scale, 0, self._size, groups=self._groups())])
+        return done([output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -167,15 +177,65 @@ class LazyxlaProcessGroup(ProcessGroup):
             raise NotImplementedError("all_to_all_single with uneven split sizes on the lazyxla process group")
         if not _on_device([output, x]):
             raise NotImplementedError("all_to_all of CPU tensors on the lazyxla process group: use gloo")
-        _copy_into([output], [all_to_all(x, 0, 0, self._size)])
-        return _done([output])
+        _copy_into([output], [all_to_all(x, 0, 0, self._size, groups=self._groups())])
+        return done([output])
 
     all_to_all_single = alltoall_base
+
+    def alltoall(self, outputs, inputs, opts=None):
+        """``dist.all_to_all``: input ``j`` goes to rank ``j``; output ``i`` comes from rank ``i``."""
+        if not _on_device([*outputs, *inputs]):
+            raise NotImplementedError("all_to_all of CPU tensors on the lazyxla process group: use gloo")
+        stacked = all_to_all(torch.stack(list(inputs)), 0, 0, self._size, groups=self._groups())
+        _copy_into(outputs, list(stacked.unbind(0)))
+        return done(outputs)
+
+    def _root(self, opts) -> bool:
+        return self.rank() == (opts.rootRank if opts is not None else 0)
+
+    def reduce(self, tensors, opts=None):
+        """``dist.reduce``: every rank computes the reduction (one program for all); the root keeps it."""
+        op, avg = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if not _on_device(tensors):
+            raise NotImplementedError("reduce of CPU tensors on the lazyxla process group: use gloo")
+        results = [all_reduce(op, t, 1.0 / self._size if avg else 1.0, groups=self._groups()) for t in tensors]
+        sync()  # the collective's program ends here: what follows differs between ranks
+        if self._root(opts):
+            _copy_into(tensors, results)
+        return done(tensors)
+
+    def gather(self, output_lists, inputs, opts=None):
+        """``dist.gather``: every rank gathers (one program for all); the root's output lists take it."""
+        if not _on_device(inputs):
+            raise NotImplementedError("gather of CPU tensors on the lazyxla process group: use gloo")
+        gathered = [all_gather(x.unsqueeze(0), 0, groups=self._groups()) for x in inputs]
+        sync()  # the collective's program ends here: what follows differs between ranks
+        if not self._root(opts):
+            return done([[]])
+        for outputs, g in zip(output_lists, gathered):
+            _copy_into(outputs, list(g.unbind(0)))
+        return done(output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        """``dist.scatter``: the root's piece ``j`` goes to rank ``j``: a sum over ranks where only the root
+        contributes (the others' pieces are masked to zeros by a value, not by the program's shape, so every
+        rank runs the same program)."""
+        if not _on_device(outputs):
+            raise NotImplementedError("scatter of CPU tensors on the lazyxla process group: use gloo")
+        root = self._root(opts)
+        pieces = input_lists if root else [[out] * self._size for out in outputs]
+        sync()  # every rank's pieces become plain device values: the same program on every rank
+        for out, mine in zip(outputs, pieces):
+            keep = torch.tensor(root, device=out.device)
+            whole = torch.where(keep, torch.stack(list(mine)), 0).reshape(-1)
+            got = reduce_scatter(ReduceOp.SUM, whole, 1.0, 0, self._size, groups=self._groups())
+            _copy_into([out], [got.reshape(out.shape)])
+        return done(outputs)
 
     def barrier(self, opts=None):
         sync()
         processes.rendezvous("pg/barrier")
-        return _done([])
+        return done([])
 
 
 def _bitwise(op: ReduceOp, stack: torch.Tensor) -> torch.Tensor:
@@ -185,7 +245,18 @@ def _bitwise(op: ReduceOp, stack: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def check_world(rank: int, size: int, backend: str) -> None:
+    """The world group's rank and size must be this process's replica ordinal and the replica count."""
+    if size != processes.world_size() or rank != processes.global_ordinal():
+        raise RuntimeError(
+            f"init_process_group({backend!r}) was given rank {rank} of {size}, but this process is replica "
+            f"{processes.global_ordinal()} of {processes.world_size()}: launch with lazyxla.spawn or "
+            "torchrun, whose variables both agree"
+        )
+
+
 def _create(store, rank: int, size: int, timeout) -> LazyxlaProcessGroup:
+    check_world(rank, size, "lazyxla")
     return LazyxlaProcessGroup(rank, size)
 
 

@@ -258,6 +258,22 @@ def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
     return None
 
 
+def is_annotated(t: torch.Tensor) -> bool:
+    """Whether ``t`` is laid out over a mesh built here (``mark_sharding``, ``from_local``), a replicated
+    spec included; False for a plain device tensor (every device holds all of it, no mesh named).
+
+    Example::
+
+        lazyxla.spmd.mark_sharding(x, mesh, (None, None))
+        assert is_annotated(x) and lazyxla.spmd.get_sharding(x) is None
+    """
+    node, _ = _inner(t)._value
+    if node.op is ops.shard.default:
+        return True
+    layout = getattr(node.payload, "sharding", None) if node.op is Leaf.DATA else None
+    return isinstance(layout, NamedSharding) and meshes.is_known(layout.mesh)
+
+
 def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
     """A device tensor laid out as ``partition_spec`` whose part on this process is the CPU tensor ``t``.
 

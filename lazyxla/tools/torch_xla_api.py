@@ -61,13 +61,14 @@ MODULES = {
         "torch_xla/experimental/spmd_fully_sharded_data_parallel.py"
     ),
     "torch_xla.experimental.gradient_accumulation": "torch_xla/experimental/gradient_accumulation.py",
+    "torch_xla.experimental.deprecation": "torch_xla/experimental/deprecation.py",
+    "torch_xla.test.test_utils": "torch_xla/test/test_utils.py",
     "torch_xla.experimental.custom_kernel": "torch_xla/experimental/custom_kernel.py",
     "torch_xla.stablehlo": "torch_xla/stablehlo.py",
 }
 # Why a module the layer does not have is missing (the issue-17 points name work another part of the project does).
 MODULE_REASONS = {
     "torch_xla.core.dynamo_bridge": "torch.compile(backend='openxla'): issue 17 point 4",
-    "torch_xla.distributed.spmd.debugging": "prints torch_xla's C++ sharding specs; not provided",
     "torch_xla.distributed.fsdp": "FSDP v1: issue 17 point 2",
     "torch_xla.distributed.fsdp.wrap": "FSDP v1: issue 17 point 2",
     "torch_xla.distributed.zero_redundancy_optimizer": "ZeRO-1: issue 17 point 2",
@@ -76,13 +77,10 @@ MODULE_REASONS = {
     "torch_xla.experimental.scan": "issue 17 point 3",
     "torch_xla.experimental.scan_layers": "issue 17 point 3",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "FSDPv2: issue 17 point 2",
-    "torch_xla.experimental.gradient_accumulation": "a while-loop over micro-batches; not provided",
     "torch_xla.experimental.custom_kernel": "Pallas kernels: TPU only",
     "torch_xla.stablehlo": "not provided; lazyxla.stablehlo exports StableHLO in lazyxla's own API",
 }
 NAME_REASONS = {
-    ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "backend 'xla' is lazyxla's process group; no class",
-    ("torch_xla.distributed.xla_backend", "new_xla_process_group"): "dist.new_group on backend 'xla'",
     ("torch_xla.experimental", "eager_mode"): "issue 17 point 4",
     ("torch_xla.experimental", "is_eager_mode"): "issue 17 point 4",
     ("torch_xla.experimental", "eager_mode_context"): "issue 17 point 4",
@@ -96,6 +94,7 @@ PARTIAL = {
     ("torch_xla.debug.profiler", "trace"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.profiler", "trace_detached"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.metrics", "metrics_report"): "lazyxla's metrics; torch_xla's C++ ones are absent",
+    ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "no send/recv (xm.collective_permute does it)",
 }
 
 

@@ -1,5 +1,5 @@
-"""``torch_xla._XLAC`` on lazyxla: the one binding of torch_xla's C++ module that libraries call,
-``_xla_get_tensor_id``.
+"""``torch_xla._XLAC`` on lazyxla: the bindings of torch_xla's C++ module that libraries and users call,
+``_xla_get_tensor_id`` and ``_get_xla_sharding_spec``.
 
 transformers' ``id_tensor_storage`` (``save_pretrained``'s search for tied weights) and peft's equivalent ask it
 for a tensor whose ``device.type`` is ``"xla"``, because XLA tensors have no storage pointer. Every other name
@@ -35,6 +35,20 @@ def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
         where = tensor.device if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise RuntimeError(f"torch_xla._XLAC._xla_get_tensor_id: expected a tensor on the XLA device, got {where}")
     return torch_private.storage_id(tensor)
+
+
+def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
+    """The HLO sharding text of ``tensor``'s SPMD annotation (``''`` without one), as torch_xla users read it to
+    check a layout: ``torch_xla.distributed.spmd.debugging.construct_v1_sharding_str``.
+
+    Example::
+
+        xs.mark_sharding(t, mesh, ("data", None))
+        print(torch_xla._XLAC._get_xla_sharding_spec(t))     # {devices=[4,1]0,1,2,3}
+    """
+    from lazyxla.compat.torch_xla.distributed.spmd import debugging  # loads rich: only when a sharding is asked for
+
+    return debugging.construct_v1_sharding_str(tensor)
 
 
 def __getattr__(name: str):

@@ -133,6 +133,29 @@ def xla_real_devices(devices=None) -> list[str]:
     return [f"{hw}:{torch.device(d).index or 0}" for d in devices]
 
 
+def xla_replication_devices(local_devices=None) -> list[str]:
+    """The hardware names of every device a replicated run spans (all processes), ordered by ordinal, e.g.
+    ``['CPU:0', 'CPU:1']``. As in torch_xla, ``local_devices`` must be all of this process's devices:
+    replication happens among every device of one kind, never a subset.
+
+    Example::
+
+        print(xm.xla_replication_devices([xm.xla_device()]))       # ['CPU:0'] in a one-device run
+    """
+    local_devices = list(local_devices) if local_devices is not None else lazyxla.devices()
+    foreign = [d for d in local_devices if not on_device(torch.device(d))]
+    if foreign:
+        raise RuntimeError(f"Cannot replicate across different device types: {foreign} are not lazyxla devices")
+    supported = get_xla_supported_devices()
+    if len(supported) != len(local_devices):
+        raise RuntimeError(
+            f"Cannot replicate over {len(local_devices)} devices: replication spans all {len(supported)} "
+            "devices of this process"
+        )
+    hw = platform_name()
+    return [f"{hw}:{i}" for i in range(lazyxla.spmd.device_count())]
+
+
 def is_xla_tensor(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` lives on a lazyxla device.
 
