@@ -72,6 +72,8 @@ overrideable_sdpa_enabled = _C._get_overrideable_sdp_enabled
 # meta inference and the CPU checks run an op on plain meta/CPU tensors: no functorch, no __torch_dispatch__
 disable_functorch = _C._DisableFuncTorch
 disable_torch_dispatch = _C._DisableTorchDispatch
+# what torch.Tensor.__torch_function__ runs an op under: subclasses' __torch_function__ are not called again
+disable_torch_function_subclass = _C.DisableTorchFunctionSubclass
 # torch.compile graphs hold the casts autocast made when they were captured: they run with autocast off
 disable_autocast = _C._DisableAutocast
 
