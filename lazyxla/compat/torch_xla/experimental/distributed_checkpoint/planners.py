@@ -120,7 +120,11 @@ class SPMDSavePlanner(SavePlanner):
                     continue
                 chunk = _chunk(shard.indices)
                 data = TensorWriteData(chunk=chunk, properties=_properties(shard.data.dtype), size=torch.Size(size))
-                items.append(WriteItem(MetadataIndex(fqn, chunk.offsets, position), WriteItemType.SHARD, data))
+                items.append(
+                    WriteItem(
+                        index=MetadataIndex(fqn, chunk.offsets, position), type=WriteItemType.SHARD, tensor_data=data
+                    )
+                )
         return dataclasses.replace(plan, items=items, planner_data=self.mappings)
 
     def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
