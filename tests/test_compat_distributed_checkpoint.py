@@ -76,7 +76,8 @@ out["replicated_wrapped"] = xs.wrap_if_sharded(torch.ones(4).to("xla")).__class_
 with tempfile.TemporaryDirectory() as tmp:
     src = model((2, n // 2), (0, 1))
     want = cpu_state(src)
-    dist_cp.save(src.state_dict(), storage_writer=dist_cp.FileSystemWriter(tmp + "/a", per_thread_copy_ahead=0), planner=xc.SPMDSavePlanner())
+    writer = dist_cp.FileSystemWriter(tmp + "/a", per_thread_copy_ahead=0)  # see docs: lazyxla has no streams
+    dist_cp.save(src.state_dict(), storage_writer=writer, planner=xc.SPMDSavePlanner())
     for name, (shape, spec) in {"transposed": ((n // 2, 2), (1, 0)), "columns": ((1, n), (None, 1))}.items():
         dst = model(shape, spec)
         before = layout(dst[0].weight)
@@ -89,7 +90,8 @@ with tempfile.TemporaryDirectory() as tmp:
     out["into_unsplit"] = diff(cpu_state(plain), want)
     cpu = _sharded_cpu_state_dict(src.state_dict())
     out["cpu_shards"] = isinstance(cpu["0.weight"], _CpuShards) and cpu["0.bias"].device.type == "cpu"
-    dist_cp.save(cpu, storage_writer=dist_cp.FileSystemWriter(tmp + "/b", per_thread_copy_ahead=0), planner=xc.SPMDSavePlanner())
+    writer = dist_cp.FileSystemWriter(tmp + "/b", per_thread_copy_ahead=0)
+    dist_cp.save(cpu, storage_writer=writer, planner=xc.SPMDSavePlanner())
     dst = model((n, 1), (0, None))
     state = dst.state_dict()
     compiles = lazyxla.metrics.counters().get("compiles", 0)
