@@ -23,13 +23,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from types import EllipsisType
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
-from torch.utils._pytree import tree_map
 
 import lazyxla
 from lazyxla import torch_private
@@ -190,7 +189,7 @@ class XLAShardedTensor(DTensor):
         return _run_on_global(func, args, kwargs)
 
     @property
-    def _spec(self) -> DTensorSpec:
+    def _spec(self) -> Any:
         """The layout as a ``DTensorSpec`` (an ``'xla'`` DeviceMesh of ``mesh_shape`` over the run's devices and
         one placement per mesh axis), built once and cached until :meth:`invalidate_spec_cache`.
 
@@ -253,6 +252,7 @@ def _run_on_global(func, args, kwargs):
     def wrap(x):
         return XLAShardedTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) else x
 
+    tree_map = torch_private.tree_map
     return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
 
 
@@ -277,7 +277,7 @@ def sharding_type_of(t: torch.Tensor) -> ShardingType:
     return kind.TILED if split == len(mesh.device_ids) else kind.PARTIAL
 
 
-def _dtensor_spec(t: XLAShardedTensor) -> DTensorSpec:
+def _dtensor_spec(t: XLAShardedTensor) -> Any:
     if t.mesh_shape is None:
         raise ValueError(_NO_SPEC.format(what="mesh_shape"))
     if t.partition_spec is None:
@@ -288,8 +288,8 @@ def _dtensor_spec(t: XLAShardedTensor) -> DTensorSpec:
     for axis in range(len(t.mesh_shape)):
         dims = [d for d, entry in enumerate(t.partition_spec) if entry == axis]
         placements.append(Shard(dims[0]) if dims else Replicate())
-    meta = TensorMeta(shape=t.global_tensor.shape, stride=t.global_tensor.stride(), dtype=t.global_tensor.dtype)
-    return DTensorSpec(mesh=mesh, placements=tuple(placements), tensor_meta=meta)
+    g = t.global_tensor
+    return torch_private.dtensor_spec(mesh, tuple(placements), g.shape, g.stride(), g.dtype)
 
 
 def placements_to_partition_spec(t: torch.Tensor, placements) -> tuple:
