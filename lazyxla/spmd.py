@@ -10,6 +10,7 @@ Example::
 
 from lazyxla.parallel.spmd import (
     Mesh,
+    Shard,
     ShardingError,
     clear_sharding,
     device_count,
@@ -19,6 +20,8 @@ from lazyxla.parallel.spmd import (
     get_sharding,
     hybrid_mesh,
     is_enabled,
+    load_local_shards,
+    local_shards,
     mark_sharding,
     mesh,
     replicated,
@@ -27,6 +30,7 @@ from lazyxla.parallel.spmd import (
 
 __all__ = [
     "Mesh",
+    "Shard",
     "ShardingError",
     "clear_sharding",
     "device_count",
@@ -36,6 +40,8 @@ __all__ = [
     "get_sharding",
     "hybrid_mesh",
     "is_enabled",
+    "load_local_shards",
+    "local_shards",
     "mark_sharding",
     "mesh",
     "replicated",

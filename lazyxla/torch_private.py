@@ -72,6 +72,8 @@ overrideable_sdpa_enabled = _C._get_overrideable_sdp_enabled
 # meta inference and the CPU checks run an op on plain meta/CPU tensors: no functorch, no __torch_dispatch__
 disable_functorch = _C._DisableFuncTorch
 disable_torch_dispatch = _C._DisableTorchDispatch
+# what torch.Tensor.__torch_function__ runs an op under: subclasses' __torch_function__ are not called again
+disable_torch_function_subclass = _C.DisableTorchFunctionSubclass
 # torch.compile graphs hold the casts autocast made when they were captured: they run with autocast off
 disable_autocast = _C._DisableAutocast
 
@@ -140,6 +142,7 @@ core_aten_decompositions = torch._decomp.core_aten_decompositions
 tree_flatten = torch.utils._pytree.tree_flatten
 tree_unflatten = torch.utils._pytree.tree_unflatten
 tree_leaves = torch.utils._pytree.tree_leaves
+tree_map = torch.utils._pytree.tree_map
 
 
 def elementwise_result_dtype(*operands) -> torch.dtype:
@@ -277,3 +280,17 @@ def has_rendezvous_handler(scheme: str) -> bool:
     Read at the call: a torch built without distributed has no such module."""
     # (the module by its name: the attribute torch.distributed.rendezvous is a function of the same name)
     return scheme in importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+
+
+# DTensor's layout description (torch_xla's XLAShardedTensor builds one for its placements)
+def dtensor_spec(mesh, placements: tuple, shape: torch.Size, stride: tuple, dtype: torch.dtype):
+    """A ``DTensorSpec`` of a tensor of ``shape``/``stride``/``dtype`` laid out over ``mesh`` as ``placements``.
+
+    Example::
+
+        spec = dtensor_spec(DeviceMesh("xla", torch.arange(4)), (Shard(0),), t.shape, t.stride(), t.dtype)
+    """
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta  # heavy: only when a spec is built
+
+    meta = TensorMeta(shape=shape, stride=stride, dtype=dtype)
+    return DTensorSpec(mesh=mesh, placements=placements, tensor_meta=meta)

@@ -650,7 +650,10 @@ def _unsupported_calls(dev):
         "collective_broadcast(groups=...)": (lambda: xm.collective_broadcast([x], groups=[[0]]), "lazyxla.broadcast"),
         "use_spmd(auto=True)": (lambda: xr.use_spmd(auto=True), "xs.mark_sharding"),
         "initialize_cache(readonly=True)": (lambda: xr.initialize_cache("/tmp", readonly=True), "lazyxla.config"),
-        "spmd.xla_distribute_tensor": (lambda: xs.xla_distribute_tensor(x, None), "lazyxla.spmd.mark_sharding"),
+        "xla_distribute_module(partition_fn=auto_policy)": (
+            lambda: xs.xla_distribute_module(torch.nn.Linear(1, 1), None, xs.auto_policy),
+            "partition_fn that marks the parameters",
+        ),
         "spawn(join=False)": (lambda: xmp.spawn(print, join=False), "lazyxla.spawn"),
         "ParallelLoader over 2 devices": (lambda: pl.ParallelLoader([], [dev, dev]), "xmp.spawn"),
     }

@@ -13,6 +13,7 @@ tuple of axis names (split over their product). Dimensions must divide evenly (n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -23,9 +24,11 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding
 
+from lazyxla import torch_private
 from lazyxla.device import devices, meshes
 from lazyxla.device.meshes import Mesh, ShardingError
 from lazyxla.ir import Aval, Leaf, leaf
+from lazyxla.lazy import graph
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
 from lazyxla.observe.diagnostics import user_frame
 from lazyxla.ops import ops
@@ -190,6 +193,15 @@ def _inner(t: torch.Tensor):
     return unwrap(t)
 
 
+def _rebind(t: torch.Tensor, lt: LazyTensor, value: tuple) -> None:
+    """Make ``t`` hold the IR ``value`` as an in-place op would: its views and aliases (``t.detach()``, a
+    module's ``state_dict()`` entries, the storage a ``Parameter`` was made from) see the new layout too."""
+    if t is lt:
+        lt._value = value
+    else:
+        torch_private.replace_inner(t, LazyTensor(value, lt._aval))
+
+
 def _require_spmd(fn: str) -> None:
     if not _state["enabled"]:
         raise RuntimeError(f"{fn} needs SPMD mode: call lazyxla.spmd.enable() at the top of the script")
@@ -213,10 +225,10 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
     if node.op is Leaf.DATA:
         out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
-        lt._value = (out, 0)
+        _rebind(t, lt, (out, 0))
     else:
         out = ops.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
-        lt._value = out._value
+        _rebind(t, lt, out._value)
     return t
 
 
@@ -233,9 +245,9 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     if node.op is Leaf.DATA:
         out = leaf(Leaf.DATA, devices.relayout(node.payload, devices.replicated()), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.clear_sharding at {user_frame()}"
-        lt._value = (out, 0)
+        _rebind(t, lt, (out, 0))
     elif node.op is ops.shard.default:
-        lt._value = node.inputs[0]
+        _rebind(t, lt, node.inputs[0])
     return t
 
 
@@ -296,6 +308,96 @@ def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.T
     n = leaf(Leaf.DATA, arr, aval, 0)
     n.source = f"made by lazyxla.spmd.from_local at {user_frame()}"
     return wrap(LazyTensor((n, 0), aval))
+
+
+# --- local shards (checkpointing) ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Shard:
+    """One device's part of an SPMD tensor, as :func:`local_shards` returns it.
+
+    ``device`` is the device's position among the run's devices (the ids a mesh is built from), ``index`` the
+    part's place in the global tensor (one ``slice(start, stop)`` per dimension), ``replica_id`` which copy of
+    that part this is (0 .. copies - 1) and ``data`` a CPU copy of it.
+
+    Example::
+
+        for s in lazyxla.spmd.local_shards(w):
+            print(s.device, s.index, s.replica_id, s.data.shape)
+    """
+
+    device: int
+    index: tuple[slice, ...]
+    replica_id: int
+    data: torch.Tensor
+
+
+def _computed(t: torch.Tensor, fn: str) -> tuple[LazyTensor, jax.Array]:
+    """``t``'s inner tensor, computed (its pending work run), and its device buffer."""
+    _require_spmd(fn)
+    lt = _inner(t)
+    graph.sync_tensors([lt], reason=fn)
+    return lt, lt._value[0].payload
+
+
+def _addressable(arr: jax.Array) -> tuple[list, dict]:
+    """The buffers of ``arr`` on this process's devices, in the run's device order."""
+    order = {d: i for i, d in enumerate(devices.global_devices())}
+    return sorted(arr.addressable_shards, key=lambda s: order[s.device]), order
+
+
+def _full_index(index: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
+
+
+def local_shards(t: torch.Tensor) -> list[Shard]:
+    """The parts of ``t`` this process's devices hold, copied to the host, in device order (``t``'s pending
+    work is computed first). A replicated tensor has one whole-tensor part per device.
+
+    Example::
+
+        lazyxla.spmd.mark_sharding(w, mesh, ("data", None))
+        shards = lazyxla.spmd.local_shards(w)       # one (rows/n, cols) part per device
+    """
+    lt, arr = _computed(t, "lazyxla.spmd.local_shards")
+    shards, order = _addressable(arr)
+    shape = tuple(arr.shape)
+    return [
+        Shard(order[s.device], _full_index(s.index, shape), s.replica_id, devices.to_host(s.data, lt.dtype))
+        for s in shards
+    ]
+
+
+def load_local_shards(t: torch.Tensor, data: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Replace the parts of ``t`` on this process's devices with the CPU tensors ``data`` (in the order of
+    :func:`local_shards`), keeping ``t``'s layout; views of ``t`` see the new values. Returns ``t``.
+
+    Example::
+
+        parts = [s.data * 2 for s in lazyxla.spmd.local_shards(w)]
+        lazyxla.spmd.load_local_shards(w, parts)     # w is now 2 * w, laid out as before
+    """
+    lt, arr = _computed(t, "lazyxla.spmd.load_local_shards")
+    shards, _ = _addressable(arr)
+    if len(data) != len(shards):
+        raise ValueError(f"load_local_shards: {len(data)} parts given, but {len(shards)} devices hold a part of it")
+    buffers = []
+    with devices.x64():
+        for shard, part in zip(shards, data):
+            if tuple(part.shape) != tuple(shard.data.shape):
+                raise ValueError(
+                    f"load_local_shards: the part for device {shard.device} has shape {list(part.shape)}, "
+                    f"expected {list(shard.data.shape)}"
+                )
+            buffers.append(jax.device_put(devices.host_array(part.to(lt.dtype)), shard.device))
+        new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, buffers)
+    node = lt._value[0]
+    out = leaf(Leaf.DATA, new, node.avals[0], node.device)
+    out.source = f"loaded by lazyxla.spmd.load_local_shards at {user_frame()}"
+    _rebind(t, lt, (out, 0))
+    return t
 
 
 def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Module:

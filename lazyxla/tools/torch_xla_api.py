@@ -46,6 +46,8 @@ MODULES = {
     "torch_xla.distributed.spmd": "torch_xla/distributed/spmd/__init__.py",
     "torch_xla.distributed.spmd.xla_sharding": "torch_xla/distributed/spmd/xla_sharding.py",
     "torch_xla.distributed.spmd.debugging": "torch_xla/distributed/spmd/debugging.py",
+    "torch_xla.distributed.spmd.api": "torch_xla/distributed/spmd/api.py",
+    "torch_xla.distributed.spmd.xla_sharded_tensor": "torch_xla/distributed/spmd/xla_sharded_tensor.py",
     "torch_xla.distributed.fsdp": "torch_xla/distributed/fsdp/__init__.py",
     "torch_xla.distributed.fsdp.wrap": "torch_xla/distributed/fsdp/wrap.py",
     "torch_xla.distributed.zero_redundancy_optimizer": "torch_xla/distributed/zero_redundancy_optimizer.py",
@@ -63,6 +65,7 @@ MODULES = {
     "torch_xla.experimental.gradient_accumulation": "torch_xla/experimental/gradient_accumulation.py",
     "torch_xla.experimental.deprecation": "torch_xla/experimental/deprecation.py",
     "torch_xla.test.test_utils": "torch_xla/test/test_utils.py",
+    "torch_xla.experimental.distributed_checkpoint": "torch_xla/experimental/distributed_checkpoint/__init__.py",
     "torch_xla.experimental.custom_kernel": "torch_xla/experimental/custom_kernel.py",
     "torch_xla.stablehlo": "torch_xla/stablehlo.py",
 }
@@ -95,6 +98,12 @@ PARTIAL = {
     ("torch_xla.debug.profiler", "trace_detached"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.metrics", "metrics_report"): "lazyxla's metrics; torch_xla's C++ ones are absent",
     ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "no send/recv (xm.collective_permute does it)",
+    ("torch_xla.distributed.spmd", "mark_sharding"): "returns the tensor itself, not an XLAShardedTensor",
+    ("torch_xla.distributed.spmd", "XLAShardedTensor"): "no sharding_spec (HLO text); no padding",
+    ("torch_xla.distributed.spmd.xla_sharded_tensor", "XLAShardedTensor"): "no sharding_spec (HLO text); no padding",
+    ("torch_xla.distributed.spmd", "auto_policy"): "auto-sharding: xla_distribute_module raises",
+    ("torch_xla.distributed.spmd.api", "auto_policy"): "auto-sharding: xla_distribute_module raises",
+    ("torch_xla.experimental.distributed_checkpoint", "CheckpointManager"): "local or mounted folders (no fsspec URL)",
 }
 
 

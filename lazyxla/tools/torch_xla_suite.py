@@ -231,6 +231,9 @@ def _child_env(devices: int, folders: tuple[str, ...] = ()) -> dict[str, str]:
     # every run compiles what it runs, as torch_xla does (lazyxla's disk cache would serve earlier runs' programs,
     # and a program loaded from disk has no CompileTime sample)
     env["LAZYXLA_PERSISTENT_CACHE"] = "0"
+    # the child starts as `python -m lazyxla.tools.torch_xla_suite_child`, not `-m lazyxla.run`: name the device
+    # 'xla' explicitly, as `python -m lazyxla.run` does (torch_xla's tests say .to('xla'))
+    env["LAZYXLA_DEVICE_NAME"] = "xla"
     return env
 
 

@@ -1,5 +1,5 @@
-"""``torch_xla._XLAC`` on lazyxla: the bindings of torch_xla's C++ module that libraries and users call,
-``_xla_get_tensor_id`` and ``_get_xla_sharding_spec``.
+"""``torch_xla._XLAC`` on lazyxla: the bindings of torch_xla's C++ module that libraries and torch_xla's public
+tests call: ``_xla_get_tensor_id``, ``_get_xla_sharding_spec`` and ``_ensure_xla_coordinator_initialized``.
 
 transformers' ``id_tensor_storage`` (``save_pretrained``'s search for tied weights) and peft's equivalent ask it
 for a tensor whose ``device.type`` is ``"xla"``, because XLA tensors have no storage pointer. Every other name
@@ -18,6 +18,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.compat._common import missing_attribute
+from lazyxla.device import processes
 from lazyxla.device.devices import on_device
 
 
@@ -49,6 +50,27 @@ def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
     from lazyxla.compat.torch_xla.distributed.spmd import debugging  # loads rich: only when a sharding is asked for
 
     return debugging.construct_v1_sharding_str(tensor)
+
+
+def _ensure_xla_coordinator_initialized(
+    global_rank: int, world_size: int, master_addr: str, master_port: int | None = None
+) -> None:
+    """Check that the run's coordinator serves ``world_size`` processes with this one as ``global_rank``.
+
+    lazyxla starts its coordinator (jax's distributed runtime) when the run starts (``python -m lazyxla.run``,
+    ``xmp.spawn``, torchrun variables), so there is nothing left to start; a rank or size that differs from the
+    run's raises ``RuntimeError``. (torch_xla's checkpoint tests and ``CheckpointManager`` call it.)
+
+    Example::
+
+        torch_xla._XLAC._ensure_xla_coordinator_initialized(global_rank=0, world_size=1, master_addr="localhost")
+    """
+    rank, size = processes.process_index(), processes.process_count()
+    if (global_rank, world_size) != (rank, size):
+        raise RuntimeError(
+            f"_ensure_xla_coordinator_initialized(global_rank={global_rank}, world_size={world_size}): this run's "
+            f"coordinator serves {size} process(es) and this one is rank {rank}"
+        )
 
 
 def __getattr__(name: str):

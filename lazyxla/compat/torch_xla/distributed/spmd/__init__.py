@@ -4,7 +4,10 @@
 C order into ``mesh_shape``; axes named or addressed by index); ``xs.mark_sharding(t, mesh, spec)``
 annotates ``t`` through ``lazyxla.spmd.mark_sharding`` and XLA's partitioner does the rest. Partition
 specs take axis names, axis indices, ``None`` and tuples of those, as in torch_xla. ``mark_sharding``
-returns the annotated tensor itself (torch_xla wraps it in an ``XLAShardedTensor``).
+returns the annotated tensor itself (torch_xla wraps it in an ``XLAShardedTensor``); ``wrap_if_sharded`` and
+``wrap_as_sharded_tensor`` give that ``XLAShardedTensor`` view (DTensor placements, local shards), and
+``xla_distribute_tensor`` (what ``torch.distributed.tensor.distribute_tensor`` calls for an ``'xla'`` mesh)
+returns one.
 
 Example::
 
@@ -20,29 +23,59 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import enum
+import inspect
+import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Placement, Replicate
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.compat.torch_xla import runtime as xr
+from lazyxla.compat.torch_xla.distributed.spmd.linear import (
+    EinsumLinear,
+    XLAPatchedLinear,
+    apply_xla_patch_to_nn_linear,
+    xla_patched_nn_linear_forward,
+)
+from lazyxla.compat.torch_xla.distributed.spmd.xla_sharded_tensor import (
+    ShardingType,
+    XLAShard,
+    XLAShardedTensor,
+    placements_to_partition_spec,
+)
 from lazyxla.device.devices import on_device
 
 __all__ = [
+    "EinsumLinear",
     "HybridMesh",
+    "MarkShardingFunction",
     "Mesh",
     "ShardingSpec",
     "ShardingType",
+    "XLAPatchedLinear",
+    "XLAShard",
+    "XLAShardedTensor",
+    "apply_xla_patch_to_nn_linear",
+    "auto_policy",
     "clear_sharding",
     "get_1d_mesh",
     "get_global_mesh",
     "mark_sharding",
+    "mark_sharding_with_gradients",
     "set_global_mesh",
+    "unwrap_sharded_tensor",
+    "wrap_as_sharded_tensor",
     "wrap_if_sharded",
+    "xla_distribute_module",
+    "xla_distribute_tensor",
+    "xla_patched_nn_linear_forward",
 ]
 
 _state: dict[str, Any] = {"global_mesh": None}
@@ -193,62 +226,118 @@ def get_global_mesh() -> Mesh | None:
     return _state["global_mesh"]
 
 
-def _tensor(t):
-    return getattr(t, "global_tensor", t)
+def unwrap_sharded_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The device tensor behind an ``XLAShardedTensor`` (any other tensor as it is).
+
+    Example::
+
+        w = xs.unwrap_sharded_tensor(xs.wrap_if_sharded(w))
+    """
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
 
 
 def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
     """Annotate ``t`` with ``partition_spec`` over ``mesh`` (one entry per dimension: an axis name or
-    index, ``None``, or a tuple of those); returns ``t``. Needs SPMD mode (``xr.use_spmd()``).
+    index, ``None``, or a tuple of those); returns ``t`` (an ``XLAShardedTensor`` given also records the mesh
+    shape and spec). Needs SPMD mode (``xr.use_spmd()``).
 
     Example::
 
         xs.mark_sharding(x, mesh, ("data", None))            # batch split over 'data'
         xs.mark_sharding(linear.weight, mesh, (None, 1))      # by axis index
     """
-    t = _tensor(t)
+    inner = unwrap_sharded_tensor(t)
+    if len(partition_spec) != len(inner.shape):
+        raise ValueError(
+            f"Partition spec length ({len(partition_spec)}) should be equal to the input rank ({len(inner.shape)})."
+        )
+    lazyxla.spmd.mark_sharding(inner, mesh.lazyxla_mesh, mesh._spec(partition_spec))
+    if isinstance(t, XLAShardedTensor):
+        wrap_as_sharded_tensor(t, mesh.mesh_shape, tuple(partition_spec))
+    return t
+
+
+def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
+    """A new tensor equal to ``t`` laid out by ``partition_spec``, whose gradient is laid out the same way
+    (``t`` itself is left as it is): it guides the layouts of intermediate values and of the backward pass.
+
+    Example::
+
+        h = xs.mark_sharding_with_gradients(h, mesh, ("data", None, "model"))
+    """
     if len(partition_spec) != len(t.shape):
         raise ValueError(
             f"Partition spec length ({len(partition_spec)}) should be equal to the input rank ({len(t.shape)})."
         )
-    return lazyxla.spmd.mark_sharding(t, mesh.lazyxla_mesh, mesh._spec(partition_spec))
+    return MarkShardingFunction.apply(t, mesh, partition_spec)
+
+
+class MarkShardingFunction(torch.autograd.Function):
+    """``mark_sharding`` as an autograd step: the result is a new tensor laid out by ``partition_spec`` (the
+    input is left as it is), and the gradient flowing back through it is laid out the same way, which guides
+    XLA's sharding propagation in the backward pass.
+
+    Example::
+
+        h = xs.MarkShardingFunction.apply(h, mesh, ("data", None))
+    """
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, mesh, partition_spec) -> torch.Tensor:
+        ctx.mesh, ctx.partition_spec = mesh, partition_spec
+        return mark_sharding(t.clone(), mesh, partition_spec)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return mark_sharding(grad_output.clone(), ctx.mesh, ctx.partition_spec), None, None
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
-    """Drop ``t``'s annotation (it becomes replicated); returns ``t``.
+    """Drop ``t``'s annotation (it becomes replicated); returns ``t`` (for an ``XLAShardedTensor``, the
+    device tensor it wraps).
 
     Example::
 
         xs.clear_sharding(x)
     """
-    return lazyxla.spmd.clear_sharding(_tensor(t))
+    return lazyxla.spmd.clear_sharding(unwrap_sharded_tensor(t))
 
 
 def wrap_if_sharded(x: Any) -> Any:
-    """``x`` itself: lazyxla has no ``XLAShardedTensor`` wrapper (annotations live on the tensor).
+    """``x`` as an ``XLAShardedTensor`` when it is a device tensor laid out over several devices (SPMD
+    mode), else ``x`` itself.
 
     Example::
 
-        y = xs.wrap_if_sharded(y)
+        w = xs.wrap_if_sharded(model.fc1.weight)
+        if isinstance(w, xs.XLAShardedTensor):
+            print([s.indices for s in w.local_shards])
     """
+    device_tensor = isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and on_device(x)
+    if device_tensor and lazyxla.spmd.is_enabled() and lazyxla.spmd.get_sharding(x) is not None:
+        return XLAShardedTensor(x)
     return x
 
 
-class ShardingType(enum.IntEnum):
-    """torch_xla's sharding kinds (for code that compares against them).
+def wrap_as_sharded_tensor(t: torch.Tensor, mesh_shape=None, partition_spec=None) -> XLAShardedTensor:
+    """``t`` as an ``XLAShardedTensor`` that records ``mesh_shape`` and ``partition_spec`` (mesh-axis indices,
+    one per dimension) for its DTensor ``_spec``/``placements``; given an ``XLAShardedTensor``, updates it (and
+    forgets its cached spec). It records the description only: ``mark_sharding`` lays the data out.
 
     Example::
 
-        assert xs.ShardingType.TILED == 3
+        st = xs.wrap_as_sharded_tensor(x, mesh_shape=(4,), partition_spec=(0, None))
+        st.placements        # (Shard(dim=0),)
     """
-
-    REPLICATED = 0
-    MAXIMAL = 1
-    TUPLE = 2
-    TILED = 3
-    MANUAL = 4
-    PARTIAL = 5
-    UNKNOWN = 6
+    if not isinstance(t, XLAShardedTensor):
+        return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
+    if mesh_shape is not None:
+        t.mesh_shape = mesh_shape
+    if partition_spec is not None:
+        t.partition_spec = partition_spec
+    if mesh_shape is not None or partition_spec is not None:
+        t.invalidate_spec_cache()
+    return t
 
 
 @dataclasses.dataclass
@@ -290,12 +379,130 @@ class ShardingSpec:
 
 
 _ALTERNATIVE = "xs.mark_sharding(t, mesh, spec) / lazyxla.spmd.mark_sharding, lazyxla.spmd.fsdp(module, mesh)"
-XLAShardedTensor = stub("torch_xla.distributed.spmd.XLAShardedTensor", _ALTERNATIVE)
-xla_distribute_tensor = stub("torch_xla.distributed.spmd.xla_distribute_tensor", _ALTERNATIVE)
-xla_distribute_module = stub("torch_xla.distributed.spmd.xla_distribute_module", _ALTERNATIVE)
-auto_policy = stub("torch_xla.distributed.spmd.auto_policy", _ALTERNATIVE)
 enable_manual_sharding = stub("torch_xla.distributed.spmd.enable_manual_sharding", "lazyxla.spmd.from_local")
 disable_manual_sharding = stub("torch_xla.distributed.spmd.disable_manual_sharding", _ALTERNATIVE)
+
+
+# --- torch.distributed.tensor's entry points (torch_xla.distributed.spmd.api) -----------------------------
+
+
+def auto_policy(mod_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+    """The ``partition_fn`` that asks ``xla_distribute_module`` for XLA's automatic sharding, which lazyxla
+    does not offer: passing it raises.
+
+    Example::
+
+        xla_distribute_module(model, mesh, partition_fn=my_partition_fn)    # not auto_policy
+    """
+    return None
+
+
+def convert_to_xla_mesh(dt_mesh: DeviceMesh) -> Mesh:
+    """The ``xs.Mesh`` of a DeviceMesh: the same device ids, shape and dimension names. The DeviceMesh must
+    span every device of the run (AssertionError otherwise). Turns SPMD mode on.
+
+    Example::
+
+        mesh = convert_to_xla_mesh(DeviceMesh("xla", torch.arange(8).reshape(2, 4)))
+        mesh.mesh_shape      # (2, 4)
+    """
+    xr.use_spmd()
+    assert dt_mesh.size() == xr.global_runtime_device_count(), (
+        f"the DeviceMesh spans {dt_mesh.size()} devices; the run has {xr.global_runtime_device_count()}"
+    )
+    return Mesh(dt_mesh.mesh.flatten().numpy(), tuple(dt_mesh.mesh.size()), dt_mesh.mesh_dim_names)
+
+
+def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Placement]) -> tuple:
+    """DTensor placements (one per mesh dimension) as a partition spec (one mesh dimension index or None per
+    tensor dimension); only ``Shard`` and ``Replicate`` placements have one.
+
+    Example::
+
+        convert_to_xla_partition_spec(torch.zeros(4, 8, 8), [Replicate(), Shard(0)])    # (1, None, None)
+    """
+    xr.use_spmd()
+    return placements_to_partition_spec(tensor, placements)
+
+
+def xla_distribute_tensor(
+    tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] | None = None
+) -> XLAShardedTensor:
+    """``tensor`` on the device, laid out over ``device_mesh`` as ``placements`` say (replicated when None),
+    as an ``XLAShardedTensor``. A CPU tensor is copied to the device first.
+
+    Example::
+
+        t = xla_distribute_tensor(torch.randn(8, 4), DeviceMesh("xla", torch.arange(4)), [Shard(0)])
+    """
+    assert device_mesh.device_type == "xla", f"expected an 'xla' DeviceMesh, got {device_mesh.device_type!r}"
+    mesh = convert_to_xla_mesh(device_mesh)
+    placements = [Replicate() for _ in range(device_mesh.ndim)] if placements is None else list(placements)
+    assert len(placements) == device_mesh.ndim, (
+        f"`placements` must have the same length as `device_mesh.ndim`: {len(placements)} vs {device_mesh.ndim}"
+    )
+    if type(tensor).__name__ == "DTensor":
+        raise ValueError("Cannot distribute a DTensor with a local tensor on xla devices: give the global tensor")
+    if isinstance(tensor, XLAShardedTensor):
+        assert tensor.sharding_type == ShardingType.REPLICATED, (
+            "the XLAShardedTensor is already split; clear its annotation first (xs.clear_sharding)"
+        )
+        tensor = tensor.global_tensor
+    spec = convert_to_xla_partition_spec(tensor, placements)
+    if not tensor.is_meta:
+        tensor = tensor.to("xla")
+    mark_sharding(tensor, mesh, spec)
+    return XLAShardedTensor(tensor, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+
+
+def xla_distribute_module(
+    module: nn.Module,
+    device_mesh: DeviceMesh | None = None,
+    partition_fn: Callable[[str, nn.Module, DeviceMesh], None] | None = None,
+    input_fn: Callable | None = None,
+    output_fn: Callable | None = None,
+) -> nn.Module:
+    """Lay ``module`` out over ``device_mesh``: ``partition_fn(name, submodule, mesh)`` is called for every
+    submodule (it marks the parameters it wants split; the rest stay replicated), and ``input_fn`` /
+    ``output_fn`` (``(module, inputs_or_outputs, mesh)``) become forward pre- and post-hooks. Returns ``module``.
+
+    Example::
+
+        def shard_linears(name, m, mesh):
+            if isinstance(m, nn.Linear):
+                xs.mark_sharding(m.weight, convert_to_xla_mesh(mesh), (0, None))
+        xla_distribute_module(model.to("xla"), mesh, shard_linears)
+    """
+    if getattr(partition_fn, "__name__", "") == "auto_policy":
+        raise NotImplementedError(
+            "xla_distribute_module(partition_fn=auto_policy): lazyxla has no automatic sharding; pass a "
+            "partition_fn that marks the parameters to split (see docs/migrating-from-torch_xla.md)"
+        )
+    xr.use_spmd()
+    if partition_fn is not None:
+        for name, submodule in module.named_modules():
+            partition_fn(name, submodule, device_mesh)
+    if input_fn is not None:
+        pre = _hook(input_fn, device_mesh, "input_fn")
+        module.register_forward_pre_hook(lambda mod, inputs: pre(mod, inputs))
+    if output_fn is not None:
+        post = _hook(output_fn, device_mesh, "output_fn")
+        module.register_forward_hook(lambda mod, inputs, outputs: post(mod, outputs))
+    return module
+
+
+def _hook(fn: Callable, device_mesh, what: str) -> Callable:
+    """``fn`` called as ``(module, values)``: it takes ``(module, values, mesh)``, or the older ``(values,
+    mesh)`` (deprecated in torch_xla too)."""
+    count = len(inspect.signature(fn).parameters)
+    if count == 3:
+        return lambda mod, values: fn(mod, values, device_mesh)
+    if count == 2:
+        warnings.warn(
+            f"an {what} taking (values, device_mesh) is deprecated; take (module, values, device_mesh)", stacklevel=3
+        )
+        return lambda mod, values: fn(values, device_mesh)
+    raise ValueError(f"{what} should take in 3 arguments, but got {count} arguments!")
 
 
 def __getattr__(name: str):

@@ -1,0 +1,311 @@
+"""``torch_xla.distributed.spmd.xla_sharded_tensor``: ``XLAShardedTensor`` and ``XLAShard``.
+
+``XLAShardedTensor`` is torch_xla's view of a sharded device tensor as a ``DTensor``: it wraps the global tensor
+(``global_tensor``), remembers the mesh shape and partition spec it was annotated with (``mesh_shape``,
+``partition_spec``, indices into the mesh's axes) and offers the DTensor description of that layout
+(``_spec``, ``placements``, cached until ``invalidate_spec_cache``), the parts each device holds
+(``local_shards``, host copies) and a way to replace them (``load_local_shards_``). Ops on it run on the global
+tensor and give ``XLAShardedTensor`` results that know no mesh (torch_xla's "auto-wrapped" tensors).
+
+On lazyxla the layout lives on the tensor itself (``lazyxla.spmd``); the wrapper only carries what torch_xla's
+wrapper carries for DTensor code and checkpointing.
+
+Example::
+
+    import torch_xla.distributed.spmd as xs
+    w = xs.wrap_if_sharded(model.fc1.weight)          # an XLAShardedTensor when the weight is split
+    for shard in w.local_shards:
+        print(shard.shard_device, shard.indices, shard.data.shape)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from types import EllipsisType
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+import lazyxla
+from lazyxla import torch_private
+from lazyxla.compat._common import platform_name
+
+_NO_SPEC = (
+    "{what} must be specified to create DTensorSpec. If this tensor was created through torch operations, it may "
+    "be auto-wrapped. Use wrap_as_sharded_tensor() to set {what} before accessing _spec."
+)
+_NO_PLACEMENTS = (
+    "Placements not available: XLAShardedTensor requires mesh_shape and partition_spec to be set. Use "
+    "mark_sharding() to properly initialize sharding information."
+)
+
+
+class ShardingType(enum.IntEnum):
+    """torch_xla's sharding kinds (XLA's ``OpSharding`` types).
+
+    Example::
+
+        assert xs.ShardingType.TILED == 3
+    """
+
+    REPLICATED = 0
+    MAXIMAL = 1
+    TUPLE = 2
+    TILED = 3
+    MANUAL = 4
+    PARTIAL = 5
+    UNKNOWN = 6
+
+
+@dataclasses.dataclass
+class XLAShard:
+    """One device's part of a sharded tensor: a host copy (``data``), where it lies in the global tensor
+    (``indices``: one slice per dimension, or ``Ellipsis`` for a replicated tensor), the device it came from
+    (``shard_device``, e.g. ``'CPU:3'``) and which copy of that part it is (``replica_id``; a replicated tensor's
+    parts are numbered by device).
+
+    Example::
+
+        shard = xs.wrap_if_sharded(w).local_shards[0]
+        shard.indices            # [slice(0, 16), slice(0, 64)]
+    """
+
+    data: torch.Tensor
+    indices: list[slice] | EllipsisType
+    shard_device: str
+    replica_id: int
+
+    @property
+    def unpadded_data(self) -> torch.Tensor:
+        """``data`` without padding (lazyxla splits only evenly: the same tensor).
+
+        Example::
+
+            shard.unpadded_data.shape == shard.data.shape
+        """
+        if self.indices is Ellipsis:
+            return self.data
+        return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
+
+
+def _xla_shard(shard: lazyxla.spmd.Shard, replicated: bool) -> XLAShard:
+    device = f"{platform_name()}:{shard.device}"
+    if replicated:
+        return XLAShard(shard.data, Ellipsis, device, shard.device)
+    return XLAShard(shard.data, list(shard.index), device, shard.replica_id)
+
+
+class XLAShardedTensor(DTensor):
+    """A device tensor with its sharding, seen as a ``DTensor`` (what ``distribute_tensor`` returns for an
+    ``'xla'`` DeviceMesh, and what ``xs.wrap_if_sharded`` makes of a sharded tensor).
+
+    Example::
+
+        mesh = DeviceMesh("xla", torch.arange(n))
+        t = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])    # an XLAShardedTensor
+        t.placements                                                    # (Shard(dim=0),)
+        t.global_tensor                                                 # the sharded device tensor
+    """
+
+    global_tensor: torch.Tensor
+    mesh_shape: tuple[int, ...] | None
+    partition_spec: tuple | None
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, mesh_shape=None, partition_spec=None, *args, **kwargs):
+        requires_grad = kwargs.get("requires_grad", False)
+        r = torch_private.make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=elem.device,
+            requires_grad=requires_grad,
+        )
+        r.global_tensor = elem.detach() if requires_grad else elem
+        inherited = isinstance(elem, XLAShardedTensor)
+        r.mesh_shape = mesh_shape or (elem.mesh_shape if inherited else None)
+        r.partition_spec = partition_spec or (elem.partition_spec if inherited else None)
+        r._cached_spec = None
+        return r
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    @property
+    def local_shards(self) -> list[XLAShard]:
+        """Host copies of the parts this process's devices hold, in device order.
+
+        Example::
+
+            [s.indices for s in xs.wrap_if_sharded(w).local_shards]
+        """
+        replicated = self.sharding_type == ShardingType.REPLICATED
+        return [_xla_shard(s, replicated) for s in lazyxla.spmd.local_shards(self.global_tensor)]
+
+    def load_local_shards_(self, shards: list[XLAShard]) -> None:
+        """Replace the devices' parts with ``shards`` (as ``local_shards`` lists them), keeping the layout.
+
+        Example::
+
+            shards = xt.local_shards
+            for s in shards:
+                s.data.zero_()
+            xt.load_local_shards_(shards)
+        """
+        lazyxla.spmd.load_local_shards(self.global_tensor, [s.data for s in shards])
+        self.invalidate_spec_cache()
+
+    @property
+    def sharding_type(self) -> ShardingType:
+        """How the tensor is laid out (``ShardingType``): REPLICATED, TILED (every device holds a different
+        part) or PARTIAL (parts are repeated over some mesh axes).
+
+        Example::
+
+            xs.wrap_if_sharded(w).sharding_type == xs.ShardingType.TILED
+        """
+        return sharding_type_of(self.global_tensor)
+
+    def __repr__(self) -> str:
+        return f"XLAShardedTensor({self.global_tensor})"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Ops run on the global tensors through the whole dispatcher (functionalization, then lazyxla records
+        # them); tensor results are wrapped again, knowing no mesh, as torch_xla's are. (Inside
+        # __torch_dispatch__ the keys above Python, functionalization among them, are already passed.)
+        with torch_private.disable_torch_function_subclass():
+            return _run_on_global(func, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _run_on_global(func, args, kwargs)
+
+    @property
+    def _spec(self) -> Any:
+        """The layout as a ``DTensorSpec`` (an ``'xla'`` DeviceMesh of ``mesh_shape`` over the run's devices and
+        one placement per mesh axis), built once and cached until :meth:`invalidate_spec_cache`.
+
+        Example::
+
+            spec = t._spec; spec.placements      # (Shard(dim=0), Replicate())
+        """
+        if self._cached_spec is None:
+            self._cached_spec = _dtensor_spec(self)
+        return self._cached_spec
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """One placement per mesh axis: ``Shard(dim)`` when tensor dimension ``dim`` is split over it, else
+        ``Replicate()``.
+
+        Example::
+
+            t.placements == (Shard(0),)
+        """
+        try:
+            return self._spec.placements
+        except ValueError:
+            raise ValueError(_NO_PLACEMENTS) from None
+
+    def invalidate_spec_cache(self) -> None:
+        """Forget the cached ``_spec`` (the mesh or partition spec changed).
+
+        Example::
+
+            t.invalidate_spec_cache()
+        """
+        self._cached_spec = None
+
+    def redistribute(self, device_mesh: DeviceMesh, placements, *, async_op: bool = False) -> XLAShardedTensor:
+        """The tensor laid out over ``device_mesh`` as ``placements`` say (a copy when ``async_op``).
+
+        Example::
+
+            t2 = t.redistribute(mesh, [Replicate()])
+        """
+        if len(placements) != device_mesh.ndim:
+            raise ValueError(
+                f"Number of placements ({len(placements)}) must match mesh dimensions ({device_mesh.ndim})"
+            )
+        if any(isinstance(p, Partial) for p in placements):
+            raise NotImplementedError("Partial placement is not supported; use Shard or Replicate placements")
+        spec = placements_to_partition_spec(self.global_tensor, placements)
+        target = self.global_tensor.clone() if async_op else self.global_tensor
+        names = device_mesh.mesh_dim_names or tuple(f"axis{i}" for i in range(device_mesh.ndim))
+        mesh = lazyxla.spmd.Mesh(device_mesh.mesh.flatten().tolist(), tuple(device_mesh.mesh.shape), names)
+        lazyxla.spmd.mark_sharding(target, mesh, tuple(None if a is None else names[a] for a in spec))
+        return XLAShardedTensor(target, mesh_shape=tuple(device_mesh.mesh.shape), partition_spec=spec)
+
+
+def _run_on_global(func, args, kwargs):
+    def unwrap(x):
+        return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+
+    def wrap(x):
+        return XLAShardedTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) else x
+
+    tree_map = torch_private.tree_map
+    return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+
+def sharding_type_of(t: torch.Tensor) -> ShardingType:
+    """``t``'s ``ShardingType`` from its layout (REPLICATED when it is not split).
+
+    Example::
+
+        sharding_type_of(w) == ShardingType.TILED
+    """
+    kind = ShardingType
+    layout = lazyxla.spmd.get_sharding(t) if lazyxla.spmd.is_enabled() else None
+    if layout is None:
+        return kind.REPLICATED
+    mesh, spec = layout
+    if mesh is None:  # a layout XLA chose that no mesh of this run describes
+        return kind.TILED
+    used = [a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)]
+    split = 1
+    for axis in used:
+        split *= mesh.axis_size(axis)
+    return kind.TILED if split == len(mesh.device_ids) else kind.PARTIAL
+
+
+def _dtensor_spec(t: XLAShardedTensor) -> Any:
+    if t.mesh_shape is None:
+        raise ValueError(_NO_SPEC.format(what="mesh_shape"))
+    if t.partition_spec is None:
+        raise ValueError(_NO_SPEC.format(what="partition_spec"))
+    ids = torch.arange(lazyxla.spmd.device_count()).reshape(t.mesh_shape)
+    mesh = DeviceMesh("xla", ids)
+    placements = []
+    for axis in range(len(t.mesh_shape)):
+        dims = [d for d, entry in enumerate(t.partition_spec) if entry == axis]
+        placements.append(Shard(dims[0]) if dims else Replicate())
+    g = t.global_tensor
+    return torch_private.dtensor_spec(mesh, tuple(placements), g.shape, g.stride(), g.dtype)
+
+
+def placements_to_partition_spec(t: torch.Tensor, placements) -> tuple:
+    """DTensor ``placements`` (one per mesh axis) as a partition spec (one mesh-axis index or None per tensor
+    dimension).
+
+    Example::
+
+        placements_to_partition_spec(torch.zeros(4, 8, 8), [Replicate(), Shard(0)])   # (1, None, None)
+    """
+    spec: list = [None] * t.dim()
+    for axis, placement in enumerate(placements):
+        if placement.is_shard():
+            if not 0 <= placement.dim < t.dim():
+                raise IndexError(f"Shard dimension {placement.dim} is out of bounds for a {t.dim()}-d tensor")
+            spec[placement.dim] = axis
+        elif not placement.is_replicate():
+            raise ValueError(f"Unsupported placement type: {type(placement).__name__}")
+    return tuple(spec)
