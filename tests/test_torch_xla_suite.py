@@ -111,21 +111,17 @@ def test_api_table_reads_public_names_and_looks_them_up(tmp_path):
             "torch_xla/runtime.py": "A = 'A'\nB = object()\ndef world_size(): ...\ndef _private(): ...\n"
             "def no_such_name(): ...\nclass R: ...\n",
             "torch_xla/distributed/spmd/__init__.py": "from .xla_sharding import Mesh, mark_sharding\n"
-            "from .api import xla_distribute_tensor\n__all__ = ['Mesh' 'mark_sharding', 'xla_distribute_tensor']\n",
+            "from .api import auto_policy\n__all__ = ['Mesh' 'mark_sharding', 'auto_policy']\n",
             "torch_xla/core/dynamo_bridge.py": "def extract_compiled_graph(): ...\n",
         },
     )
     assert api.public_names(src / "torch_xla/runtime.py") == ["A", "R", "no_such_name", "world_size"]
     # an __all__ whose entries run together is not trusted: the package's imports are its names
-    assert api.public_names(src / "torch_xla/distributed/spmd/__init__.py") == [
-        "Mesh",
-        "mark_sharding",
-        "xla_distribute_tensor",
-    ]
+    assert api.public_names(src / "torch_xla/distributed/spmd/__init__.py") == ["Mesh", "auto_policy", "mark_sharding"]
     rows = {(m, n): (s, note) for m, n, s, note in api.table(src)}
     assert rows[("torch_xla.runtime", "world_size")] == ("implemented", "")
     assert rows[("torch_xla.runtime", "no_such_name")] == ("missing", "not provided")
-    assert rows[("torch_xla.distributed.spmd", "xla_distribute_tensor")][0] == "partial"  # raises, naming why
+    assert rows[("torch_xla.distributed.spmd", "auto_policy")][0] == "partial"  # xla_distribute_module raises with it
     assert rows[("torch_xla.core.dynamo_bridge", "extract_compiled_graph")][0] == (
         "implemented" if importlib.util.find_spec("lazyxla.compat.torch_xla.core.dynamo_bridge") else "missing"
     )
