@@ -45,6 +45,27 @@ def test_add_products(beta, alpha):
     check(lambda c, a, b: torch.addr(c, a, b, **kw), _r(3, 4), _r(3, seed=1), _r(4, seed=2), grad=True, **TOL)
 
 
+@pytest.mark.parametrize(
+    "op,shapes",
+    [
+        (torch.addmm, [(3, 2), (3, 4), (4, 2)]),
+        (torch.baddbmm, [(2, 3, 2), (2, 3, 4), (2, 4, 2)]),
+        (torch.addbmm, [(3, 2), (2, 3, 4), (2, 4, 2)]),
+        (torch.addmv, [(3,), (3, 4), (4,)]),
+        (torch.addr, [(3, 4), (3,), (4,)]),
+    ],
+)
+def test_coefficients_that_change_between_calls(op, shapes):
+    # the second call of a signature takes the recorder's fast path, which lists keyword inputs in sorted order
+    # (alpha, beta): the general path took them in the caller's order (beta, alpha), so the values were swapped
+    dev = lazyxla.device()
+    xs = [_r(*s, grad=False, seed=i) for i, s in enumerate(shapes)]
+    for beta, alpha in ((0.2, 0.6), (0.5, 0.7), (2.5, -3.5), (0.3, 1.25)):
+        got = op(*[x.to(dev) for x in xs], beta=beta, alpha=alpha)
+        torch.testing.assert_close(got.cpu(), op(*xs, beta=beta, alpha=alpha), **TOL)
+    assert lazyxla.metrics.counters()["compiles"] == 1  # the coefficients are program inputs
+
+
 def test_addmm_beta_zero_ignores_nan():
     c = torch.full((3, 2), float("nan"))
     check(lambda c, a, b: torch.addmm(c, a, b, beta=0), c, _r(3, 4, seed=1), _r(4, 2, seed=2), **TOL)

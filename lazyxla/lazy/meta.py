@@ -203,7 +203,9 @@ def _flatten(func, args, kwargs, place: bool = True):
     pos_scalar, kw_scalar = scalar_args(func)
     flat = _Flat()
     targs = tuple(flat.conv(a, pos_scalar[i] if i < len(pos_scalar) else BAKED) for i, a in enumerate(args))
-    tkw = tuple(sorted((k, flat.conv(v, kw_scalar.get(k, BAKED))) for k, v in kwargs.items()))
+    # keyword arguments in sorted order, their inputs too: the fast path (``_signature``) lists a call's inputs in
+    # that order, and inputs taken in the caller's order (addmm's beta before alpha) swapped two scalars' values
+    tkw = tuple((k, flat.conv(kwargs[k], kw_scalar.get(k, BAKED))) for k in sorted(kwargs))
     if flat.device is None:
         flat.device = _device_kwarg(kwargs)
     if not place:
