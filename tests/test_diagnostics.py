@@ -86,6 +86,8 @@ def test_full_graph_region_raises_at_a_host_read_naming_the_line(dev):
         y.sum().item()  # tag:region-item
     assert f".item() at {_line('tag:region-item')}" in str(info.value)
     assert "full_graph=True" in str(info.value)
+    # torch_xla's words first: its tests and users match them
+    assert str(info.value).startswith("Unexpected execution happens inside the compiled function, exiting")
 
 
 def test_a_full_graph_region_runs_as_one_program(dev):

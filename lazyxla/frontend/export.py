@@ -208,6 +208,7 @@ def _export(fn, example_args, state, platforms, random_key) -> Exported:
     region = diagnostics.Region("lazyxla.export", full_graph=True, max_graphs=None)
     region.what = f"lazyxla.export({getattr(fn, '__qualname__', type(fn).__name__)})"
     region.inside = "the exported function: an exported program cannot stop to run on the host"
+    region.preamble = ""
     diagnostics.enter(region)
     try:
         result = fn(*args)

@@ -513,7 +513,8 @@ def _regions_check(reason: str, where: str) -> None:
     for region in _regions():
         if region.full_graph and not region.closing:
             raise CompileRegionError(
-                f"{region.what}: {reason} at {where} forces an execution inside {region.inside}; move it after "
+                f"{region.preamble}{region.what}: {reason} at {where} forces an execution inside {region.inside}; "
+                "move it after "
                 "the region (or read the value once the region has run)"
             )
 
@@ -531,6 +532,8 @@ class Region:
         self.label = f", name={name!r}"
         self.what = f"lazyxla.compile(full_graph=True{self.label})"  # how errors name the region
         self.inside = "the region, splitting it into several programs"
+        # torch_xla's words for the same error (its tests and users match them), before ours
+        self.preamble = "Unexpected execution happens inside the compiled function, exiting: "
 
     def saw(self, key, order, leaves) -> None:
         """A program this region produced: raise if it is one distinct graph too many."""
