@@ -40,10 +40,16 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"torch_xla\._internal|_internal\.(pjrt|tpu|rendezvous)", "needs torch_xla._internal (private helpers)"),
     (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
     (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
+    (r"does not exist: this process has \d+ lazyxla device", "asks for a device index the run does not have"),
     (_XLA_NAMED, XLA_DEVICE),
+    (r"'EagerOp\w+' not found", "small int tensors are computed on the host (known values): no eager program"),
     (r"eager_mode|experimental\.eager|EagerOp|no attribute 'experimental'", EAGER),
     (r"launched with torchrun", TORCHRUN),
     (r"marked as skipped|backend='openxla'|openxla|dynamo_bridge", OPENXLA),
+    (
+        r"value_and_grad_partitioned|_ONE_LAYER_CACHE|_SCAN_COMPUTATION_CACHE|tree_flatten_none|XLA_HLO_DEBUG",
+        "tests torch_xla's scan internals (value_and_grad_partitioned, its trace caches, HLO debug text)",
+    ),
     (r"scan_layers|experimental\.scan|\bscan\b", "needs scan / scan_layers (issue 17 point 3)"),
     (
         r"fsdp|FullyShardedDataParallel|fully_sharded|zero_redundancy|ZeroRedundancy|utils\.checkpoint",
