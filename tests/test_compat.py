@@ -190,7 +190,8 @@ mesh = xs.Mesh(np.array([0, 2, 1, 3]), (2, 2))                   # unnamed axes,
 assert list(mesh.shape().items()) == [(0, 2), (1, 2)]
 assert mesh.get_logical_mesh().tolist() == [[0, 2], [1, 3]] and mesh.size() == 4
 w = torch.randn(8, 6).to(xm.xla_device())
-assert xs.mark_sharding(w, mesh, (1, None)) is w
+st = xs.mark_sharding(w, mesh, (1, None))                         # annotates w, returns it wrapped (torch_xla)
+assert isinstance(st, xs.XLAShardedTensor) and st.global_tensor is w and st.partition_spec == (1, None)
 m, spec = lazyxla.spmd.get_sharding(w)
 assert m is mesh.lazyxla_mesh and spec == ("axis1", None), spec
 xs.clear_sharding(w)

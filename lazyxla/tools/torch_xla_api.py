@@ -88,6 +88,8 @@ NAME_REASONS = {
     ("torch_xla.experimental", "is_eager_mode"): "issue 17 point 4",
     ("torch_xla.experimental", "eager_mode_context"): "issue 17 point 4",
 }
+_SHARDED_TENSOR = "no padding; autograd records on the wrapped tensor"  # both import paths of the one class
+
 # Names the layer has that do less than torch_xla's (what differs is in docs/migrating-from-torch_xla.md).
 PARTIAL = {
     ("torch_xla.core.xla_model", "add_step_closure"): "run_async=True runs the closure synchronously",
@@ -98,9 +100,8 @@ PARTIAL = {
     ("torch_xla.debug.profiler", "trace_detached"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.metrics", "metrics_report"): "lazyxla's metrics; torch_xla's C++ ones are absent",
     ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "no send/recv (xm.collective_permute does it)",
-    ("torch_xla.distributed.spmd", "mark_sharding"): "returns the tensor itself, not an XLAShardedTensor",
-    ("torch_xla.distributed.spmd", "XLAShardedTensor"): "no sharding_spec (HLO text); no padding",
-    ("torch_xla.distributed.spmd.xla_sharded_tensor", "XLAShardedTensor"): "no sharding_spec (HLO text); no padding",
+    ("torch_xla.distributed.spmd", "XLAShardedTensor"): _SHARDED_TENSOR,
+    ("torch_xla.distributed.spmd.xla_sharded_tensor", "XLAShardedTensor"): _SHARDED_TENSOR,
     ("torch_xla.distributed.spmd", "auto_policy"): "auto-sharding: xla_distribute_module raises",
     ("torch_xla.distributed.spmd.api", "auto_policy"): "auto-sharding: xla_distribute_module raises",
     ("torch_xla.experimental.distributed_checkpoint", "CheckpointManager"): "local or mounted folders (no fsspec URL)",

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -41,10 +42,28 @@ def _batch_size(batch, dim: int):
 
 
 def _tensor_mover(device: torch.device, spec=None):
-    """CPU tensors to ``device``, laid out by the ``xs.ShardingSpec`` ``spec`` if given; others as they are."""
+    """CPU tensors to ``device``, laid out by the ``xs.ShardingSpec`` ``spec`` if given (else replicated, see
+    :func:`_mark_replicated`); others as they are."""
     if spec is not None:
         return lambda t: spec._move(t, device) if t.device.type == "cpu" else t
-    return lambda t: t.to(device, non_blocking=True) if t.device.type == "cpu" else t
+    return lambda t: _mark_replicated(t.to(device, non_blocking=True)) if t.device.type == "cpu" else t
+
+
+def _mark_replicated(t: torch.Tensor) -> torch.Tensor:
+    """``t`` annotated as replicated over every device in SPMD mode (as it is otherwise).
+
+    torch_xla's loader sends a tensor no sharding spec covers with an explicit replicated sharding (its
+    ``_get_xla_sharding_spec`` reads ``'{replicated}'``), where ``.to('xla')`` leaves a tensor without one
+    (``''``); users and torch_xla's tests read the difference."""
+    if lazyxla.spmd.is_enabled():
+        lazyxla.spmd.mark_sharding(t, _every_device_mesh(), (None,) * t.dim())
+    return t
+
+
+@functools.cache
+def _every_device_mesh() -> lazyxla.spmd.Mesh:
+    """A one-axis mesh over all the run's devices (the same object for every batch)."""
+    return lazyxla.spmd.mesh((-1,), ("replica",))
 
 
 def _batch_mover(device: torch.device, input_sharding):

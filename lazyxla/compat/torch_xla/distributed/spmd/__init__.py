@@ -4,8 +4,9 @@
 C order into ``mesh_shape``; axes named or addressed by index); ``xs.mark_sharding(t, mesh, spec)``
 annotates ``t`` through ``lazyxla.spmd.mark_sharding`` and XLA's partitioner does the rest. Partition
 specs take axis names, axis indices, ``None`` and tuples of those, as in torch_xla. ``mark_sharding``
-returns the annotated tensor itself (torch_xla wraps it in an ``XLAShardedTensor``); ``wrap_if_sharded`` and
-``wrap_as_sharded_tensor`` give that ``XLAShardedTensor`` view (DTensor placements, local shards), and
+annotates the tensor in place and, as torch_xla's does, returns it wrapped in an ``XLAShardedTensor`` that
+records the mesh shape and spec (DTensor placements, ``redistribute``, local shards; ops on the wrapper run on
+the tensor it wraps); ``wrap_if_sharded`` and ``wrap_as_sharded_tensor`` give that view of any tensor, and
 ``xla_distribute_tensor`` (what ``torch.distributed.tensor.distribute_tensor`` calls for an ``'xla'`` mesh)
 returns one.
 
@@ -236,15 +237,18 @@ def unwrap_sharded_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.global_tensor if isinstance(t, XLAShardedTensor) else t
 
 
-def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
-    """Annotate ``t`` with ``partition_spec`` over ``mesh`` (one entry per dimension: an axis name or
-    index, ``None``, or a tuple of those); returns ``t`` (an ``XLAShardedTensor`` given also records the mesh
-    shape and spec). Needs SPMD mode (``xr.use_spmd()``).
+def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> XLAShardedTensor:
+    """Annotate ``t`` in place with ``partition_spec`` over ``mesh`` (one entry per dimension: an axis name or
+    index, ``None``, or a tuple of those) and return it as an ``XLAShardedTensor`` recording ``mesh.mesh_shape``
+    and ``partition_spec``, as torch_xla does (``t`` itself when it already is one). Needs SPMD mode
+    (``xr.use_spmd()``).
 
     Example::
 
         xs.mark_sharding(x, mesh, ("data", None))            # batch split over 'data'
-        xs.mark_sharding(linear.weight, mesh, (None, 1))      # by axis index
+        st = xs.mark_sharding(linear.weight, mesh, (None, 1)) # by axis index
+        st.global_tensor is linear.weight                     # True
+        st.redistribute(mesh, [Replicate(), Shard(0)])        # laid out again, DTensor style
     """
     inner = unwrap_sharded_tensor(t)
     if len(partition_spec) != len(inner.shape):
@@ -252,9 +256,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
             f"Partition spec length ({len(partition_spec)}) should be equal to the input rank ({len(inner.shape)})."
         )
     lazyxla.spmd.mark_sharding(inner, mesh.lazyxla_mesh, mesh._spec(partition_spec))
-    if isinstance(t, XLAShardedTensor):
-        wrap_as_sharded_tensor(t, mesh.mesh_shape, tuple(partition_spec))
-    return t
+    return wrap_as_sharded_tensor(t, mesh.mesh_shape, tuple(partition_spec))
 
 
 def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
@@ -285,11 +287,19 @@ class MarkShardingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, mesh, partition_spec) -> torch.Tensor:
         ctx.mesh, ctx.partition_spec = mesh, partition_spec
-        return mark_sharding(t.clone(), mesh, partition_spec)
+        return _marked_copy(t, mesh, partition_spec)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return mark_sharding(grad_output.clone(), ctx.mesh, ctx.partition_spec), None, None
+        return _marked_copy(grad_output, ctx.mesh, ctx.partition_spec), None, None
+
+
+def _marked_copy(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.Tensor:
+    """A copy of ``t`` annotated with ``partition_spec``: a plain tensor, as torch_xla's custom op gives (not the
+    ``XLAShardedTensor`` ``mark_sharding`` returns)."""
+    out = t.clone()
+    mark_sharding(out, mesh, partition_spec)
+    return out
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:

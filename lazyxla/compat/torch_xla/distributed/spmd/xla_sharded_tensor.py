@@ -33,6 +33,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 import lazyxla
 from lazyxla import torch_private
 from lazyxla.compat._common import platform_name
+from lazyxla.compat.torch_xla import _XLAC
 
 _NO_SPEC = (
     "{what} must be specified to create DTensorSpec. If this tensor was created through torch operations, it may "
@@ -163,6 +164,17 @@ class XLAShardedTensor(DTensor):
         self.invalidate_spec_cache()
 
     @property
+    def sharding_spec(self) -> str:
+        """XLA's HLO sharding text of the layout (``''`` when the tensor has none), as
+        ``torch_xla._XLAC._get_xla_sharding_spec`` gives it.
+
+        Example::
+
+            xs.mark_sharding(t, xs.Mesh(np.arange(4), (4,)), (0, None)).sharding_spec   # '{devices=[4,1]0,1,2,3}'
+        """
+        return _XLAC._get_xla_sharding_spec(self.global_tensor)
+
+    @property
     def sharding_type(self) -> ShardingType:
         """How the tensor is laid out (``ShardingType``): REPLICATED, TILED (every device holds a different
         part) or PARTIAL (parts are repeated over some mesh axes).
@@ -224,25 +236,36 @@ class XLAShardedTensor(DTensor):
         """
         self._cached_spec = None
 
-    def redistribute(self, device_mesh: DeviceMesh, placements, *, async_op: bool = False) -> XLAShardedTensor:
-        """The tensor laid out over ``device_mesh`` as ``placements`` say (a copy when ``async_op``).
+    def redistribute(self, device_mesh, placements, *, async_op: bool = False) -> XLAShardedTensor:
+        """The tensor laid out over ``device_mesh`` (a torch_xla ``xs.Mesh``, as torch_xla's takes, or a DTensor
+        ``DeviceMesh``) as ``placements`` say, one per mesh axis; the wrapped tensor is annotated again in place,
+        or a copy of it when ``async_op``.
 
         Example::
 
-            t2 = t.redistribute(mesh, [Replicate()])
+            st = xs.mark_sharding(t, mesh, (0, None))
+            st.redistribute(mesh, [Shard(1)]).partition_spec      # (None, 0)
         """
-        if len(placements) != device_mesh.ndim:
+        mesh = _lazyxla_mesh(device_mesh)
+        if len(placements) != len(mesh.mesh_shape):
             raise ValueError(
-                f"Number of placements ({len(placements)}) must match mesh dimensions ({device_mesh.ndim})"
+                f"Number of placements ({len(placements)}) must match mesh dimensions ({len(mesh.mesh_shape)})"
             )
         if any(isinstance(p, Partial) for p in placements):
             raise NotImplementedError("Partial placement is not supported; use Shard or Replicate placements")
         spec = placements_to_partition_spec(self.global_tensor, placements)
         target = self.global_tensor.clone() if async_op else self.global_tensor
-        names = device_mesh.mesh_dim_names or tuple(f"axis{i}" for i in range(device_mesh.ndim))
-        mesh = lazyxla.spmd.Mesh(device_mesh.mesh.flatten().tolist(), tuple(device_mesh.mesh.shape), names)
+        names = mesh.axis_names
         lazyxla.spmd.mark_sharding(target, mesh, tuple(None if a is None else names[a] for a in spec))
-        return XLAShardedTensor(target, mesh_shape=tuple(device_mesh.mesh.shape), partition_spec=spec)
+        return XLAShardedTensor(target, mesh_shape=tuple(mesh.mesh_shape), partition_spec=spec)
+
+
+def _lazyxla_mesh(device_mesh) -> lazyxla.spmd.Mesh:
+    """The ``lazyxla.spmd.Mesh`` of a torch_xla ``xs.Mesh`` (it has one) or of a DTensor ``DeviceMesh``."""
+    if isinstance(device_mesh, DeviceMesh):
+        names = device_mesh.mesh_dim_names or tuple(f"axis{i}" for i in range(device_mesh.ndim))
+        return lazyxla.spmd.Mesh(device_mesh.mesh.flatten().tolist(), tuple(device_mesh.mesh.shape), names)
+    return device_mesh.lazyxla_mesh
 
 
 def _run_on_global(func, args, kwargs):

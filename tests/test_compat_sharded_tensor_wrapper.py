@@ -1,0 +1,116 @@
+"""What ``xs.mark_sharding`` returns (torch_xla: the annotated tensor wrapped as an ``XLAShardedTensor``), that
+wrapper's ``redistribute``/``sharding_spec``, and the replicated annotation ``MpDeviceLoader`` gives batch
+tensors no sharding spec covers. One ``python -m lazyxla.run`` subprocess over 4 fake CPU devices; the values are
+compared with the same computation in CPU eager, the sharding texts with the ones XLA writes for those layouts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.util import run_python
+
+SCRIPT = r"""
+import json
+import numpy as np
+import torch
+import lazyxla
+import torch_xla
+import torch_xla.distributed.parallel_loader as pl
+import torch_xla.distributed.spmd as xs
+import torch_xla.runtime as xr
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+xr.use_spmd()
+dev = torch_xla.device()
+spec_of = torch_xla._XLAC._get_xla_sharding_spec
+out = {}
+torch.manual_seed(0)
+x_cpu, w_cpu = torch.randn(8, 16), torch.randn(16, 4)
+row = xs.Mesh(np.arange(4), (4,))
+square = xs.Mesh(np.arange(4), (2, 2))
+
+# mark_sharding annotates in place and returns the tensor wrapped, recording the mesh shape and the spec
+x = x_cpu.to(dev)
+st = xs.mark_sharding(x, row, (0, None))
+out["wrapper"] = [type(st).__name__, st.global_tensor is x, st.mesh_shape, list(st.partition_spec)]
+out["placements"] = [repr(p) for p in st.placements]
+out["texts"] = [st.sharding_spec, spec_of(x)]
+again = xs.mark_sharding(st, square, (None, 1))                  # a wrapper is updated, not wrapped again
+out["again"] = [again is st, list(st.partition_spec), [repr(p) for p in st.placements], st.sharding_spec]
+
+# the wrapper used as a plain tensor: ops run on the wrapped tensor, in one program
+w = w_cpu.to(dev)
+before = lazyxla.metrics.counters()["compiles"]
+y = torch.relu(st @ w).sum(dim=1)
+out["plain_use"] = [type(y).__name__, (y.global_tensor.cpu() - torch.relu(x_cpu @ w_cpu).sum(dim=1)).abs().max().item()]
+out["plain_compiles"] = lazyxla.metrics.counters()["compiles"] - before
+
+# redistribute: over an xs.Mesh (as torch_xla's tests call it) and over a DTensor DeviceMesh
+t = torch.arange(128.0).reshape(8, 16).to(dev)
+st = xs.mark_sharding(t, square, (0, None))
+moved = st.redistribute(square, [Replicate(), Shard(1)])
+out["in_place"] = [moved.global_tensor is t, list(moved.partition_spec), spec_of(t)]
+copy = st.redistribute(square, [Replicate(), Shard(0)], async_op=True)
+torch_xla.sync()
+out["async"] = [copy.global_tensor is t, list(copy.partition_spec), spec_of(copy.global_tensor),
+                torch.equal(copy.global_tensor.cpu(), torch.arange(128.0).reshape(8, 16))]
+rep = st.redistribute(DeviceMesh("xla", torch.arange(4)), [Replicate()])
+out["device_mesh"] = [list(rep.partition_spec), spec_of(rep.global_tensor)]
+errors = []
+for bad in ([Shard(2), Replicate()], [Shard(0)], [Partial(), Replicate()]):
+    try:
+        st.redistribute(square, bad)
+    except Exception as e:
+        errors.append(type(e).__name__)
+out["errors"] = errors
+
+# mark_sharding_with_gradients gives a plain tensor (torch_xla's custom op result), gradients as in eager
+a_cpu = torch.randn(8, 4, requires_grad=True)
+a = a_cpu.detach().to(dev).requires_grad_()
+h = xs.mark_sharding_with_gradients(a * 3, row, (0, None))
+(h * h).sum().backward()
+(a_cpu * 3).pow(2).sum().backward()
+out["with_gradients"] = [type(h).__name__, (a.grad.cpu() - a_cpu.grad).abs().max().item()]
+
+# MpDeviceLoader: a tensor no spec covers arrives annotated as replicated; .to(dev) leaves none
+batches = [{"x": torch.randn(8, 16), "y": torch.arange(8)} for _ in range(2)]
+loaded = list(pl.MpDeviceLoader(batches, dev, input_sharding=None))
+out["loader"] = [[spec_of(b["x"]), spec_of(b["y"])] for b in loaded]
+out["loader_values"] = all(torch.equal(b["x"].cpu(), c["x"]) and torch.equal(b["y"].cpu(), c["y"])
+                           for b, c in zip(loaded, batches))
+out["plain_to"] = spec_of(torch.zeros(2).to(dev))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp_path):
+    (tmp_path / "wrapper_4.py").write_text(SCRIPT)
+    proc = run_python(["-m", "lazyxla.run", "wrapper_4.py"], tmp_path, timeout=150, CPU_NUM_DEVICES="4")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+    assert out["wrapper"] == ["XLAShardedTensor", True, [4], [0, None]]
+    assert out["placements"] == ["Shard(dim=0)"]
+    assert out["texts"] == ["{devices=[4,1]0,1,2,3}"] * 2
+    assert out["again"] == [
+        True,
+        [None, 1],
+        ["Replicate()", "Shard(dim=1)"],
+        "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}",
+    ]
+
+    assert out["plain_use"][0] == "XLAShardedTensor" and out["plain_use"][1] <= 1e-5
+    assert out["plain_compiles"] == 1
+
+    assert out["in_place"] == [True, [None, 1], "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"]
+    assert out["async"] == [False, [1, None], "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}", True]
+    assert out["device_mesh"] == [[None, None], "{replicated}"]
+    assert out["errors"] == ["IndexError", "ValueError", "NotImplementedError"]
+
+    assert out["with_gradients"][0] == "Tensor" and out["with_gradients"][1] <= 1e-5
+
+    assert out["loader"] == [["{replicated}", "{replicated}"]] * 2
+    assert out["loader_values"] is True
+    assert out["plain_to"] == ""
