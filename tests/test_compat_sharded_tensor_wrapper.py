@@ -6,9 +6,7 @@ compared with the same computation in CPU eager, the sharding texts with the one
 
 from __future__ import annotations
 
-import json
-
-from tests.util import run_python
+from tests.util import run_torch_xla_script
 
 SCRIPT = r"""
 import json
@@ -86,10 +84,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp_path):
-    (tmp_path / "wrapper_4.py").write_text(SCRIPT)
-    proc = run_python(["-m", "lazyxla.run", "wrapper_4.py"], tmp_path, timeout=150, CPU_NUM_DEVICES="4")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
-    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    out = run_torch_xla_script(SCRIPT, tmp_path, timeout=150, CPU_NUM_DEVICES="4")
 
     assert out["wrapper"] == ["XLAShardedTensor", True, [4], [0, None]]
     assert out["placements"] == ["Shard(dim=0)"]

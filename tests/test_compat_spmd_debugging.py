@@ -5,12 +5,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import lazyxla.compat as compat
-from tests.util import run_python
+from tests.util import run_torch_xla_script
 
 SCRIPT = r"""
 import json
@@ -50,10 +48,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_sharding_texts_are_xla_v1_texts_over_four_devices(tmp_path):
-    (tmp_path / "debugging_4.py").write_text(SCRIPT)
-    proc = run_python(["-m", "lazyxla.run", "debugging_4.py"], tmp_path, timeout=120, CPU_NUM_DEVICES="4")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
-    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    out = run_torch_xla_script(SCRIPT, tmp_path, timeout=120, CPU_NUM_DEVICES="4")
     assert out == {
         "tiled": "{devices=[1,4]0,1,2,3}",
         # dimension 0 over 'y', dimension 1 over 'x': the tile grid walks the mesh transposed

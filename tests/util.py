@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -153,3 +154,13 @@ def run_python(args: list[str], cwd: Path, timeout: int = 240, **extra: str) -> 
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_torch_xla_script(script: str, cwd: Path, timeout: int, **extra: str):
+    """Run ``script`` (source text) as torch_xla code under ``python -m lazyxla.run`` in ``cwd`` with
+    :func:`script_env` plus ``extra``; returns the object the script printed as its ``RESULT <json>`` line.
+    A failing script fails the test with its output's tail."""
+    (cwd / "script.py").write_text(script)
+    proc = run_python(["-m", "lazyxla.run", "script.py"], cwd, timeout=timeout, **extra)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])
