@@ -432,3 +432,13 @@ def rank_numbers(rank: int) -> dict:
     bias = torch.full((2, 2), float("nan"), device=dev) if rank == 0 else a
     out["beta"] = lazyxla.all_reduce(total, torch.addmm(bias, a, a, beta=rank)).cpu().tolist()
     return out
+
+
+def device_results(rank: int) -> list:
+    """CPU copies of device tensors, as a training function returns its parameters."""
+    import lazyxla
+
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to(dev)
+    return [p.detach().cpu() * (rank + 1) for p in model.parameters()] + [torch.tensor(rank)]

@@ -18,6 +18,7 @@ import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import re
 import signal
 import socket
@@ -138,7 +139,10 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
         processes.initialize()
         result = fn(rank, *args)
         try:
-            conn.send(("ok", result))
+            # pickled here, with the standard pickler: multiprocessing's own sends a CPU tensor's storage as a
+            # shared-memory handle that the parent opens later, and a rank that had exited by then left its
+            # result unreadable ("exited with code 0 without reporting an error"); these bytes hold the data
+            conn.send(("ok", pickle.dumps(result)))
         except Exception as e:  # an unpicklable result
             conn.send(("ok", f"<result not sent back: {type(e).__name__}: {e}>"))
         if nprocs > 1:
@@ -241,7 +245,8 @@ def _supervise(procs, conns, timeout_s) -> list[Any]:
                     listening.discard(rank)
                     break
                 if message[0] == "ok":
-                    results[rank] = message[1]
+                    # our own child's bytes over its private pipe (conn.recv unpickled them as much): trusted
+                    results[rank] = pickle.loads(message[1]) if isinstance(message[1], bytes) else message[1]
                 elif message[0] == "error":
                     errors[rank] = (message[1], bool(message[2]))
         failures = _failures(n, results, errors, exits)
