@@ -201,10 +201,12 @@ xs.set_global_mesh(named)
 assert xs.get_global_mesh() is named and named.get_axis_name_idx("model") == 1
 assert xs.get_1d_mesh("x").mesh_shape == (4,)
 assert xs.HybridMesh(ici_mesh_shape=(2, 2), axis_names=("a", "b")).mesh_shape == (2, 2)
-data = [(torch.randn(8, 3), torch.arange(8)) for _ in range(2)]
+data = [(torch.randn(8, 4)[:, 1:], torch.arange(8)) for _ in range(2)]  # x non-contiguous
+recorded = lazyxla.metrics.counters()["ops_recorded"]
 for x, y in pl.MpDeviceLoader(data, xm.xla_device(), input_sharding=xs.ShardingSpec(named, ("data", None))):
     assert lazyxla.spmd.get_sharding(x)[1] == ("data", None)
     assert lazyxla.spmd.get_sharding(y) is None                  # rank 1: the 2-entry spec does not apply
+assert lazyxla.metrics.counters()["ops_recorded"] == recorded     # the loader's thread recorded nothing
 print("ok")
 """
 

@@ -38,6 +38,48 @@ def test_batches_arrive_on_the_device_in_order(dev, workers):
     assert not _loader_threads()
 
 
+def _every_kind_of_batch(i):
+    """One batch of every dtype and shape class a loader meets, some tensors non-contiguous."""
+    ids = torch.arange(40).reshape(4, 10) + i
+    return {
+        "input_ids": ids[:, :-1],  # a non-contiguous slice: .to(device) records empty, then copies
+        "labels": ids[:, 1:],
+        "mask": ids[:, :-1] % 3 == 0,
+        "pixels": torch.randn(2, 3, 4).to(torch.bfloat16).transpose(1, 2),
+        "scale": torch.tensor(0.5 + i),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def _loader_cases(dev):
+    import lazyxla.compat  # why here: the compat layer's loader, installed only for this case
+
+    lazyxla.compat.install()
+    import torch_xla.distributed.parallel_loader as pl
+
+    return {
+        "DeviceLoader": lambda data: lazyxla.DeviceLoader(data, dev, sync_each_step=False),
+        "MpDeviceLoader": lambda data: pl.MpDeviceLoader(data, dev),
+    }
+
+
+@pytest.mark.parametrize("kind", ["DeviceLoader", "MpDeviceLoader"])
+def test_the_loader_thread_records_nothing(dev, kind):
+    """A batch's move to the device records no op: a pending op the thread recorded could be taken into the
+    program of a sync the main thread runs meanwhile, giving it a different program (a recompile that depends on
+    timing; seen as an FSDPv2 script compiling 3 programs instead of 2 on a loaded machine)."""
+    data = [_every_kind_of_batch(i) for i in range(3)]
+    loader = _loader_cases(dev)[kind](data)
+    recorded = lazyxla.metrics.counters()["ops_recorded"]
+    batches = list(loader)  # MpDeviceLoader marks a step per next(): syncs record nothing
+    assert lazyxla.metrics.counters()["ops_recorded"] == recorded
+    assert len(batches) == 3
+    for got, want in zip(batches, data, strict=True):
+        for key, t in want.items():
+            assert got[key].device == dev and got[key].dtype == t.dtype and got[key].shape == t.shape, key
+            assert torch.equal(got[key].cpu(), t), key
+
+
 def test_a_step_is_one_program(dev):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1).to(dev)

@@ -61,6 +61,26 @@ def cpu_to_lazy(t: torch.Tensor, device: int) -> LazyTensor:
     return known.upload(t, device, f"copied from the CPU at {diagnostics.user_frame(2)}")
 
 
+def upload(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t.to(device)`` for a CPU tensor ``t`` that records nothing: the user-visible lazyxla tensor of a
+    device copy of ``t``. Any other tensor goes through ``t.to(device)``: one already on ``device`` is returned
+    as it is, and one that requires grad keeps its autograd link.
+
+    Background threads (``DeviceLoader``'s) move batches with it. ``t.to(device)`` records a pending
+    ``empty`` that its copy then replaces; a sync on the main thread that falls between the two took that
+    ``empty`` into its program (a different program: a recompile that depended on timing).
+
+    Example::
+
+        x = upload(torch.arange(6).reshape(2, 3)[:, 1:], lazyxla.device())   # equals .to(device)
+    """
+    if t.device.type != "cpu" or t.requires_grad:
+        return t.to(device)
+    index = torch.device(device).index or 0
+    devices.jax_device(index)  # raises a clear error for a device that does not exist
+    return wrap(cpu_to_lazy(t, index))
+
+
 def _alias(t: LazyTensor) -> LazyTensor:
     return LazyTensor(t._value, t._aval)
 

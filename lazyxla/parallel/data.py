@@ -26,6 +26,7 @@ import torch
 
 from lazyxla.device.devices import on_device
 from lazyxla.lazy.graph import sync
+from lazyxla.lazy.special import upload
 from lazyxla.parallel import spmd
 from lazyxla.parallel.buckets import Buckets, as_buckets
 from lazyxla.util import map_tensors
@@ -110,7 +111,7 @@ class DeviceLoader:
             mesh, spec = input_sharding
             self.move = lambda t: spmd.from_local(t, mesh, spec)
         else:
-            self.move = lambda t: t.to(self.device, non_blocking=True)
+            self.move = lambda t: upload(t, self.device)  # records nothing: see upload
         self.buckets = as_buckets(pad_to_buckets)
 
     def _prepare(self, batch: Any) -> Any:

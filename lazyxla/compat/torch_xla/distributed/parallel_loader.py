@@ -24,6 +24,7 @@ import lazyxla
 from lazyxla.compat._common import missing_attribute, unsupported
 from lazyxla.compat.torch_xla.core import xla_model as xm
 from lazyxla.device.devices import on_device
+from lazyxla.lazy.special import upload
 from lazyxla.parallel.buckets import as_buckets
 from lazyxla.util import map_tensors
 
@@ -46,7 +47,8 @@ def _tensor_mover(device: torch.device, spec=None):
     :func:`_mark_replicated`); others as they are."""
     if spec is not None:
         return lambda t: spec._move(t, device) if t.device.type == "cpu" else t
-    return lambda t: _mark_replicated(t.to(device, non_blocking=True)) if t.device.type == "cpu" else t
+    # upload, not t.to: the background thread must record nothing (lazyxla.lazy.special.upload)
+    return lambda t: _mark_replicated(upload(t, device)) if t.device.type == "cpu" else t
 
 
 def _mark_replicated(t: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ from lazyxla.compat.torch_xla.distributed.spmd.xla_sharded_tensor import (
     placements_to_partition_spec,
 )
 from lazyxla.device.devices import on_device
+from lazyxla.lazy.special import upload
 
 __all__ = [
     "EinsumLinear",
@@ -380,10 +381,10 @@ class ShardingSpec:
     def _move(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """A CPU batch tensor on the device, laid out by the spec."""
         if not self.can_apply(t):
-            return t.to(device)
+            return upload(t, device)
         if self.minibatch:
             return lazyxla.spmd.from_local(t, self.mesh.lazyxla_mesh, self.mesh._spec(self.partition_spec))
-        out = t.to(device)
+        out = upload(t, device)  # not t.to: a loader's thread must record nothing (lazyxla.lazy.special.upload)
         mark_sharding(out, self.mesh, self.partition_spec)
         return out
 
