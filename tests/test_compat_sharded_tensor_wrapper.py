@@ -109,3 +109,106 @@ def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp
     assert out["loader"] == [["{replicated}", "{replicated}"]] * 2
     assert out["loader_values"] is True
     assert out["plain_to"] == ""
+
+
+GRAD_SCRIPT = r"""
+import json
+import numpy as np
+import torch
+import lazyxla
+import torch_xla
+import torch_xla.distributed.spmd as xs
+import torch_xla.runtime as xr
+from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+from torch_xla.distributed.spmd import XLAShardedTensor
+
+xr.use_spmd()
+dev = torch_xla.device()
+spec_of = torch_xla._XLAC._get_xla_sharding_spec
+out = {}
+torch.manual_seed(0)
+x_cpu, w1_cpu, w2_cpu = torch.randn(2, 6, 8), torch.randn(16, 8), torch.randn(4, 16)
+mesh = xs.Mesh(np.arange(4), (4,))
+
+
+def loss_of(x, w1, w2):
+    return (torch.relu(x @ w1.T) @ w2.T).pow(2).mean()
+
+
+def train(x, w1, w2, after_step):
+    # two micro-batches per step (the second backward adds to the first's .grad); w1 by hand, in place, and w2 by
+    # SGD with momentum (on the device, its _foreach_ ops write to lists of wrappers)
+    opt = torch.optim.SGD([w2], lr=0.1, momentum=0.9, foreach=True)
+    for _ in range(3):
+        for micro in x:
+            loss_of(micro, w1, w2).backward()
+        with torch.no_grad():
+            w1 -= 0.1 * w1.grad
+        opt.step()
+        w1.grad = w2.grad = None
+        after_step()
+
+
+# wrappers that require grad: autograd records on them, each op computes on the wrapped (sharded) tensors
+w1, w2 = XLAShardedTensor(w1_cpu.to(dev), requires_grad=True), XLAShardedTensor(w2_cpu.to(dev), requires_grad=True)
+out["annotated"] = [xs.mark_sharding(w1, mesh, (0, None)) is w1, xs.mark_sharding(w2, mesh, (None, 0)) is w2]
+x = XLAShardedTensor(x_cpu.to(dev))
+loss = loss_of(x[0], w1, w2)
+out["graph"] = [type(loss).__name__, loss.requires_grad]
+out["graph"] += [loss.global_tensor.requires_grad, w1.global_tensor.requires_grad]
+loss.backward()
+grad_cpu = torch.autograd.grad(loss_of(x_cpu[0], w1_cpu.requires_grad_(), w2_cpu), w1_cpu)[0]
+out["grad"] = [type(w1.grad).__name__, (w1.grad.global_tensor.cpu() - grad_cpu).abs().max().item()]
+w1.grad = w2.grad = None
+torch_xla.sync()
+compiles = []
+train(x, w1, w2, lambda: (torch_xla.sync(), compiles.append(lazyxla.metrics.counters()["compiles"])))
+w1_cpu, w2_cpu = w1_cpu.detach().requires_grad_(), w2_cpu.detach().requires_grad_()
+train(x_cpu, w1_cpu, w2_cpu, lambda: None)
+out["trained"] = [(w.global_tensor.cpu() - c).abs().max().item() for w, c in ((w1, w1_cpu), (w2, w2_cpu))]
+out["step_compiles"] = compiles[2] - compiles[1]
+out["layouts"] = [w1.sharding_spec, w2.sharding_spec, w1.requires_grad, w1.grad]
+
+# distribute_tensor of a parameter gives a wrapper that does not require grad (as torch_xla's): results carry
+# no graph, so their host copy reads as numpy
+lin = torch.nn.Linear(8, 16, bias=False)
+lin_dev = torch.nn.Linear(8, 16, bias=False).to(dev)
+lin_dev.load_state_dict(lin.state_dict())
+wd = distribute_tensor(lin_dev.weight, DeviceMesh("xla", torch.arange(4)), [Shard(0)])
+y = torch.relu(XLAShardedTensor(x_cpu[0].to(dev)) @ wd.T).cpu()
+expected = torch.relu(x_cpu[0] @ lin.weight.T).detach().numpy()
+out["numpy"] = [wd.requires_grad, y.requires_grad, type(y).__name__]
+out["numpy"].append(float(np.abs(y.global_tensor.numpy() - expected).max()))
+
+# writes to a wrapper and through its views reach the wrapped tensor, as on the CPU
+b, b_cpu = XLAShardedTensor(torch.zeros(4, 6).to(dev)), torch.zeros(4, 6)
+for t in (b, b_cpu):
+    t.add_(1)
+    t.view(2, 12)[0].mul_(3)
+    t.t()[1].sub_(2)
+out["writes"] = [type(b).__name__, torch.equal(b.global_tensor.cpu(), b_cpu)]
+
+# a wrapper with a plain device tensor that requires grad: its gradient as in eager
+p_cpu = torch.randn(6, 3, requires_grad=True)
+p = p_cpu.detach().to(dev).requires_grad_()
+(b @ p).sin().sum().backward()
+(b_cpu @ p_cpu).sin().sum().backward()
+out["plain_grad"] = [type(p.grad).__name__, (p.grad.cpu() - p_cpu.grad).abs().max().item()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_gradients_flow_through_the_wrapper(tmp_path):
+    out = run_torch_xla_script(GRAD_SCRIPT, tmp_path, timeout=150, CPU_NUM_DEVICES="4")
+
+    # the graph is recorded on the wrappers; the wrapped tensors carry none
+    assert out["graph"] == ["XLAShardedTensor", True, False, False]
+    assert out["grad"][0] == "XLAShardedTensor" and out["grad"][1] <= 1e-5
+    assert max(out["trained"]) <= 1e-5
+    assert out["step_compiles"] == 0
+    assert out["annotated"] == [True, True]
+    assert out["layouts"] == ["{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}", True, None]
+
+    assert out["numpy"][:3] == [False, False, "XLAShardedTensor"] and out["numpy"][3] <= 1e-5
+    assert out["writes"] == ["XLAShardedTensor", True]
+    assert out["plain_grad"][0] == "Tensor" and out["plain_grad"][1] <= 1e-5

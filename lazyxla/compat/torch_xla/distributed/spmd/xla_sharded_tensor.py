@@ -34,6 +34,9 @@ import lazyxla
 from lazyxla import torch_private
 from lazyxla.compat._common import platform_name
 from lazyxla.compat.torch_xla import _XLAC
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
+
+aten = torch.ops.aten
 
 _NO_SPEC = (
     "{what} must be specified to create DTensorSpec. If this tensor was created through torch operations, it may "
@@ -190,15 +193,15 @@ class XLAShardedTensor(DTensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # Ops run on the global tensors through the whole dispatcher (functionalization, then lazyxla records
-        # them); tensor results are wrapped again, knowing no mesh, as torch_xla's are. (Inside
-        # __torch_dispatch__ the keys above Python, functionalization among them, are already passed.)
-        with torch_private.disable_torch_function_subclass():
-            return _run_on_global(func, args, kwargs)
+        # As torch_xla's: PyTorch's own handling (DTensor's is skipped), so autograd records on the wrappers and
+        # each aten op then reaches __torch_dispatch__. A result PyTorch made of a plain tensor (an op that also
+        # took a plain device tensor) becomes an XLAShardedTensor through ``as_subclass``, with no wrapped tensor
+        # in torch_xla; here it gets one (an alias of itself) and no mesh.
+        return _adopt(super(DTensor, cls).__torch_function__(func, types, args, kwargs))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _run_on_global(func, args, kwargs)
+        return _run_on_global(func, args, kwargs or {})
 
     @property
     def _spec(self) -> Any:
@@ -269,14 +272,105 @@ def _lazyxla_mesh(device_mesh) -> lazyxla.spmd.Mesh:
 
 
 def _run_on_global(func, args, kwargs):
-    def unwrap(x):
-        return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+    """One aten op that reached the wrappers below autograd, computed on their ``global_tensor``s.
 
-    def wrap(x):
-        return XLAShardedTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) else x
+    Functionalization has already run by then (PyTorch excludes its key inside ``__torch_dispatch__``), so the op
+    runs on the LazyTensors inside the global tensors, as functionalization would run it: a view through
+    functionalization's own view kernel (the result aliases the global tensor: writes through it reach it), an
+    in-place op on a fresh alias that then replaces the global tensor's value (functionalization's update, which
+    its views see). When functionalization called here (a plain device tensor among the arguments, already
+    unwrapped), the results go back to it unwrapped.
+    """
+    if any(isinstance(x, LazyTensor) for x in torch_private.tree_leaves((args, kwargs))):
+        return func(*_unwrapped(args), **_unwrapped(kwargs))
+    schema = func._schema
+    if not schema.is_mutable and any(r.alias_info is not None for r in schema.returns):
+        view = torch_private.computed_kernel(func.name(), "Functionalize")
+        out = view.call_boxed(_FUNCTIONAL_KEYS, *_globals(args), **_globals(kwargs))
+        return torch_private.tree_map(_wrap, out)
+    inner_args, inner_kwargs = _unwrapped(args), _unwrapped(kwargs)
+    writes = []  # (a wrapper the op writes to, the list or dict its LazyTensor sits in for the call, where)
+    returned = {}  # an argument the op writes to (a wrapper or a list of them), by its alias set
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        holder, key = (inner_args, i) if i < len(args) else (inner_kwargs, arg.name)
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        returned[frozenset(arg.alias_info.before_set)] = value
+        if isinstance(value, list | tuple):  # _foreach_*_ ops (optimizers) write lists of tensors
+            writes += [(w, holder[key], j) for j, w in enumerate(value) if isinstance(w, XLAShardedTensor)]
+        elif isinstance(value, XLAShardedTensor):
+            writes.append((value, holder, key))
+    for _, container, where in writes:
+        if isinstance(container[where], LazyTensor):
+            container[where] = aten.alias.default(container[where])
+    out = func(*inner_args, **inner_kwargs)
+    for wrapper, container, where in writes:
+        if isinstance(container[where], LazyTensor):
+            torch_private.replace_inner(wrapper.global_tensor, container[where])
+    return _results(schema, out, returned)
 
-    tree_map = torch_private.tree_map
-    return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+def _results(schema, out, returned: dict):
+    """The op's results as torch_xla gives them: for a result that aliases an argument the op wrote to, that
+    argument; any other result wrapped again."""
+    if not schema.returns:
+        return out
+    outs = out if isinstance(out, tuple) else (out,)
+    results = []
+    for ret, value in zip(schema.returns, outs):
+        alias = None if ret.alias_info is None else frozenset(ret.alias_info.before_set)
+        results.append(returned[alias] if alias in returned else torch_private.tree_map(_wrap, value))
+    return tuple(results) if isinstance(out, tuple) else results[0]
+
+
+# functionalization's view kernels are called with the keys of a functional device tensor
+_FUNCTIONAL_KEYS = torch_private.DispatchKeySet(torch_private.DispatchKey.Functionalize).add(
+    torch_private.DispatchKey.PrivateUse1
+)
+
+
+def _global(x):
+    return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+
+
+def _globals(tree):
+    return torch_private.tree_map(_global, tree)
+
+
+def _inner(x):
+    """The LazyTensor inside a wrapper's or a functional device tensor (any other value as it is)."""
+    x = _global(x)
+    return unwrap(x) if isinstance(x, torch.Tensor) and torch_private.is_functional(x) else x
+
+
+def _unwrapped(tree):
+    """The op's arguments or a list among them (as a list) or its keyword arguments (a dict) with LazyTensors for
+    device tensors."""
+    if isinstance(tree, dict):
+        return {k: _unwrapped(v) if isinstance(v, list | tuple) else _inner(v) for k, v in tree.items()}
+    return [_unwrapped(v) if isinstance(v, list | tuple) else _inner(v) for v in tree]
+
+
+def _wrap(x):
+    """An op's result as torch_xla gives it: a device result wrapped again (knowing no mesh), as is a host one."""
+    if isinstance(x, LazyTensor):
+        x = wrap(x)
+    return XLAShardedTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) else x
+
+
+def _adopt(out):
+    """``out`` with every XLAShardedTensor PyTorch made through ``as_subclass`` given its alias as its wrapped
+    tensor and no mesh."""
+
+    def adopt(x):
+        if isinstance(x, XLAShardedTensor) and not hasattr(x, "global_tensor"):
+            with torch_private.disable_torch_function_subclass():
+                x.global_tensor = x.as_subclass(torch.Tensor)
+            x.mesh_shape = x.partition_spec = x._cached_spec = None
+        return x
+
+    return torch_private.tree_map(adopt, out)
 
 
 def sharding_type_of(t: torch.Tensor) -> ShardingType:
