@@ -4,8 +4,10 @@
 (``global_tensor``), remembers the mesh shape and partition spec it was annotated with (``mesh_shape``,
 ``partition_spec``, indices into the mesh's axes) and offers the DTensor description of that layout
 (``_spec``, ``placements``, cached until ``invalidate_spec_cache``), the parts each device holds
-(``local_shards``, host copies) and a way to replace them (``load_local_shards_``). Ops on it run on the global
-tensor and give ``XLAShardedTensor`` results that know no mesh (torch_xla's "auto-wrapped" tensors).
+(``local_shards``, host copies) and a way to replace them (``load_local_shards_``). As in torch_xla, autograd
+records on the wrapper and each op then runs on the global tensor, giving ``XLAShardedTensor`` results that know no
+mesh (torch_xla's "auto-wrapped" tensors): ``XLAShardedTensor(t, requires_grad=True)`` gets a ``.grad``, and the
+global tensors carry no autograd graph.
 
 On lazyxla the layout lives on the tensor itself (``lazyxla.spmd``); the wrapper only carries what torch_xla's
 wrapper carries for DTensor code and checkpointing.
