@@ -1,30 +1,38 @@
 """What ``xs.mark_sharding`` returns (torch_xla: the annotated tensor wrapped as an ``XLAShardedTensor``), that
 wrapper's ``redistribute``/``sharding_spec``, and the replicated annotation ``MpDeviceLoader`` gives batch
-tensors no sharding spec covers. One ``python -m lazyxla.run`` subprocess over 4 fake CPU devices; the values are
-compared with the same computation in CPU eager, the sharding texts with the ones XLA writes for those layouts.
+tensors no sharding spec covers; gradients through the wrapper (autograd records on it, as in torch_xla). Each test
+is one ``python -m lazyxla.run`` subprocess over 4 fake CPU devices; the values are compared with the same
+computation in CPU eager, the sharding texts with the ones XLA writes for those layouts.
 """
 
 from __future__ import annotations
 
 from tests.util import run_torch_xla_script
 
-SCRIPT = r"""
+# what both scripts start with: torch_xla in SPMD mode, the results collected in `out`
+PROLOGUE = r"""
 import json
 import numpy as np
 import torch
 import lazyxla
 import torch_xla
-import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 xr.use_spmd()
 dev = torch_xla.device()
 spec_of = torch_xla._XLAC._get_xla_sharding_spec
 out = {}
 torch.manual_seed(0)
+"""
+
+SCRIPT = (
+    PROLOGUE
+    + r"""
+import torch_xla.distributed.parallel_loader as pl
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
 x_cpu, w_cpu = torch.randn(8, 16), torch.randn(16, 4)
 row = xs.Mesh(np.arange(4), (4,))
 square = xs.Mesh(np.arange(4), (2, 2))
@@ -81,6 +89,7 @@ out["loader_values"] = all(torch.equal(b["x"].cpu(), c["x"]) and torch.equal(b["
 out["plain_to"] = spec_of(torch.zeros(2).to(dev))
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp_path):
@@ -111,22 +120,12 @@ def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp
     assert out["plain_to"] == ""
 
 
-GRAD_SCRIPT = r"""
-import json
-import numpy as np
-import torch
-import lazyxla
-import torch_xla
-import torch_xla.distributed.spmd as xs
-import torch_xla.runtime as xr
+GRAD_SCRIPT = (
+    PROLOGUE
+    + r"""
 from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 from torch_xla.distributed.spmd import XLAShardedTensor
 
-xr.use_spmd()
-dev = torch_xla.device()
-spec_of = torch_xla._XLAC._get_xla_sharding_spec
-out = {}
-torch.manual_seed(0)
 x_cpu, w1_cpu, w2_cpu = torch.randn(2, 6, 8), torch.randn(16, 8), torch.randn(4, 16)
 mesh = xs.Mesh(np.arange(4), (4,))
 
@@ -196,6 +195,7 @@ p = p_cpu.detach().to(dev).requires_grad_()
 out["plain_grad"] = [type(p.grad).__name__, (p.grad.cpu() - p_cpu.grad).abs().max().item()]
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 def test_gradients_flow_through_the_wrapper(tmp_path):
