@@ -391,7 +391,7 @@ def load_local_shards(t: torch.Tensor, data: Sequence[torch.Tensor]) -> torch.Te
                     f"load_local_shards: the part for device {shard.device} has shape {list(part.shape)}, "
                     f"expected {list(shard.data.shape)}"
                 )
-            buffers.append(jax.device_put(devices.host_array(part.to(lt.dtype)), shard.device))
+            buffers.append(devices.send_to(devices.host_array(part.to(lt.dtype)), shard.device))
         new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, buffers)
     node = lt._value[0]
     out = leaf(Leaf.DATA, new, node.avals[0], node.device)
