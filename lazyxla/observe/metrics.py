@@ -135,11 +135,7 @@ def timers() -> dict[str, dict[str, float]]:
 
         lazyxla.metrics.timers()["compile"]["total_s"]
     """
-    out = {}
-    for name, xs in sorted(_timers.items()):
-        s = sorted(xs)
-        out[name] = {"count": len(s), "total_s": sum(s), "median_s": s[len(s) // 2], "max_s": s[-1]}
-    return out
+    return _summaries(_timers, "s")
 
 
 def sizes() -> dict[str, dict[str, int]]:
@@ -150,10 +146,15 @@ def sizes() -> dict[str, dict[str, int]]:
 
         lazyxla.metrics.sizes()["bytes_to_device"]["total_bytes"]
     """
+    return _summaries(_sizes, "bytes")
+
+
+def _summaries(series: dict[str, list], unit: str) -> dict[str, dict]:
+    """Count, total, median and max (``total_<unit>``, ...) of each series, by name."""
     out = {}
-    for name, xs in sorted(_sizes.items()):
+    for name, xs in sorted(series.items()):
         s = sorted(xs)
-        out[name] = {"count": len(s), "total_bytes": sum(s), "median_bytes": s[len(s) // 2], "max_bytes": s[-1]}
+        out[name] = {"count": len(s), f"total_{unit}": sum(s), f"median_{unit}": s[len(s) // 2], f"max_{unit}": s[-1]}
     return out
 
 
