@@ -32,6 +32,7 @@ from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend.export import Exported, ExportError, export
 from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
 from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)
+from lazyxla.lazy.barrier import optimization_barrier_
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
 from lazyxla.parallel import process_group as _process_group
@@ -163,6 +164,7 @@ __all__ = [
     "load",
     "mark_step",
     "metrics",
+    "optimization_barrier_",
     "optimizer_step",
     "platform",
     "profiler",

@@ -15,6 +15,7 @@
   rather than a constant: what ``lazy/positions.py`` records for a position that changes from sync to sync.
   The recorder checks the position; it is non-negative and in range.
 - ``scan(inputs, body, length)``: a loop of ``length`` iterations over one traced body (``frontend/scan.py``).
+- ``optimization_barrier(xs)``: the same values, through XLA's optimization barrier (``lazy/barrier.py``).
 
 Example::
 
@@ -98,6 +99,11 @@ for _schema, _kernel in _POSITION_OPS.items():
 # A loop over one traced body (lazyxla.scan, scan_layers): ``body`` is the digest of the body's IR, ``length``
 # the number of iterations (see frontend/scan.py and lowering/rules/scan.py).
 library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
+# XLA's optimization barrier over a list of tensors (lazyxla.optimization_barrier_): its outputs are its inputs'
+# values; XLA may not move computation across it. On the CPU (the recorder's check) and on meta, a copy.
+library.define("optimization_barrier(Tensor[] xs) -> Tensor[]")
+for _key in ("CPU", "Meta"):
+    library.impl("optimization_barrier", lambda xs: [x.clone() for x in xs], _key)
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

@@ -648,7 +648,6 @@ def _unsupported_calls(dev):
     x = torch.ones(2, device=dev)
     return {
         "xla_model.send": (lambda: xm.send(x, 1), "lazyxla.collective_permute"),
-        "xla_model.optimization_barrier_": (lambda: xm.optimization_barrier_([x]), "drop the call"),
         "xla_model.get_stablehlo() without tensors": (lambda: xm.get_stablehlo(), "lazyxla.debug.stablehlo_text"),
         "collective_broadcast(groups=...)": (lambda: xm.collective_broadcast([x], groups=[[0]]), "lazyxla.broadcast"),
         "use_spmd(auto=True)": (lambda: xr.use_spmd(auto=True), "xs.mark_sharding"),

@@ -1,9 +1,15 @@
 """The jax devices behind lazyxla and host<->device transfer, on top of jax's default backend: which devices,
-the platform, 64-bit mode, SPMD mode's global layout, dtype mapping."""
+the platform, 64-bit mode, SPMD mode's global layout, dtype mapping.
+
+Every copy between the host and the devices goes through :func:`send`, :func:`send_to` or :func:`to_host`, which
+time it and count its bytes and the device buffers it makes (``observe/metrics.py``: ``transfer_to_device``,
+``bytes_to_device``, ``device_buffers``, ...).
+"""
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import numpy as np
@@ -12,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from lazyxla import torch_private
 from lazyxla.device import processes
+from lazyxla.observe import metrics
 
 # All jax work of lazyxla runs with 64-bit types on, so that int64/float64 keep their width; the
 # user's own global jax config is left as it is.
@@ -176,20 +183,65 @@ def host_array(t: torch.Tensor) -> np.ndarray:
 
 def to_device(t: torch.Tensor, index: int | None) -> jax.Array:
     """Copy a CPU tensor to the jax device behind ``lazyxla:index`` (in SPMD mode: to every device)."""
-    host = host_array(t)
+    return send([host_array(t)], index)[0]
+
+
+def send(hosts: list[np.ndarray], index: int | None) -> list[jax.Array]:
+    """Copy host arrays to the jax device behind ``lazyxla:index`` (in SPMD mode: to every device of the run), as
+    one transfer: timed, its bytes (over every device it fills) one sample of ``bytes_to_device``, each buffer it
+    makes counted (``device_buffers``).
+
+    Example::
+
+        scalars, keys = send([np.array([0.5, 2.0]), keys], 0)
+    """
     if _spmd[0]:
-        return put_global(host, replicated())
-    with x64():
-        return jax.device_put(host, jax_device(index))
+        sharding = replicated()
+        copies = len(sharding.addressable_devices)
+        with metrics.transfer("to_device", copies * sum(h.nbytes for h in hosts)):
+            out = [put_global(h, sharding) for h in hosts]
+        metrics.inc("device_buffers", copies * len(out))
+        return out
+    with metrics.transfer("to_device", sum(h.nbytes for h in hosts)), x64():
+        out = jax.device_put(hosts, jax_device(index))
+    metrics.inc("device_buffers", len(out))
+    return out
+
+
+def send_to(host: np.ndarray, device: jax.Device) -> jax.Array:
+    """Copy a host array to the jax device ``device`` (a shard, a replica's block), timed and counted as
+    :func:`send` does.
+
+    Example::
+
+        block = send_to(host_array(part), shard.device)
+    """
+    with metrics.transfer("to_device", host.nbytes), x64():
+        out = jax.device_put(host, device)
+    metrics.inc("device_buffers")
+    return out
+
+
+def buffers(arrays: list[jax.Array]) -> int:
+    """How many device buffers of this process hold ``arrays`` (one per array, but in SPMD mode one per device
+    that holds a part of it)."""
+    if not _spmd[0]:
+        return len(arrays)
+    return sum(len(a.sharding.addressable_devices) for a in arrays)
 
 
 def to_host(a: jax.Array, dtype: torch.dtype) -> torch.Tensor:
-    """Copy a jax array to a new CPU tensor (blocks until the array is ready)."""
-    if not a.is_fully_addressable:  # a global array of a multi-process SPMD run: every process gets all of it
-        with x64():  # the gather is a jax program: 64-bit values must keep their width through it
-            host = np.asarray(multihost_utils.process_allgather(a, tiled=True))
-    else:
-        host = np.asarray(a)
+    """Copy a jax array to a new CPU tensor (blocks until the array is ready), timed and its bytes counted
+    (``transfer_from_device``, ``bytes_from_device``)."""
+    with metrics.transfer("from_device", math.prod(a.shape) * a.dtype.itemsize):
+        host = _fetch(a)
     if dtype == torch.bfloat16:
         return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(np.array(host, copy=True))
+
+
+def _fetch(a: jax.Array) -> np.ndarray:
+    if not a.is_fully_addressable:  # a global array of a multi-process SPMD run: every process gets all of it
+        with x64():  # the gather is a jax program: 64-bit values must keep their width through it
+            return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(a)

@@ -161,6 +161,14 @@ def _copy_(keyset, self, src, non_blocking=False):
 _copy_.with_keyset = True
 
 
+def _allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """``torch.allclose`` on lazyxla tensors: PyTorch's own composite, which every backend without a kernel of
+    its own runs (torch_xla's device included): ``isclose`` (its ops recorded one by one, each a program of its
+    own in eager mode), ``all``, and one host read of the answer. Below autograd, lazyxla's dispatch saw the
+    whole op, which has no lowering rule, and ran it on the CPU."""
+    return bool(torch.isclose(self, other, rtol, atol, equal_nan).all().item())
+
+
 # torch.optim's fused=True calls in-place ops (``_fused_adamw_(params, grads, exp_avgs, ...)``) whose
 # functionalization kernels, as PyTorch generates them, count an empty list argument as "not functional":
 # ``max_exp_avg_sqs`` without amsgrad and SGD's momentum buffers without momentum are empty, so the step tripped
@@ -201,6 +209,7 @@ def _fused_step(name: str):
 
 AUTOGRAD_KERNELS = {
     "scaled_dot_product_attention": _scaled_dot_product_attention,
+    "allclose": _allclose,
     "copy_": _copy_,
     **{name: _fused_step(name) for name in _FUSED_STEPS},
 }

@@ -97,7 +97,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         built_s = time.perf_counter() - started
         if missed and config.dump_dir:
             _dump(key, order, leaves, roots, device)
-        args = _arguments(compiled, leaves)
+        args = _arguments(compiled, leaves, device)
     except BaseException:
         # Lowering, compiling or the argument check failed: nothing ran, so nothing changes. Every tensor
         # keeps its recorded value; the tensors that need a failing op raise again when read, and once the
@@ -115,6 +115,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         raise
     metrics.inc("executions")
     metrics.inc("nodes_executed", len(order))
+    metrics.inc("device_buffers", devices.buffers(outs))
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
     report.programs.append(
         ProgramReport(
@@ -140,14 +141,16 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         t._value = new[(id(t._value[0]), t._value[1])]
 
 
-def _arguments(compiled, leaves) -> list:
-    """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA)."""
+def _arguments(compiled, leaves, device: int) -> list:
+    """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA).
+    The packed scalars and RNG keys are copied to the device here, a transfer timed and counted as any other
+    (in SPMD mode to every device, the same values in every process)."""
     layout = compiled.layout
     args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
     if compiled.replicas is not None:
         args = compiled.replicas.globalize(args)
-    elif compiled.spmd:  # the packed scalars and RNG keys, the same in every process
-        args[len(layout.data) :] = [devices.put_global(a, devices.replicated()) for a in args[len(layout.data) :]]
+    elif len(args) > len(layout.data):
+        args[len(layout.data) :] = devices.send(args[len(layout.data) :], device)
     compiled.check_arguments(args, leaves)
     return args
 

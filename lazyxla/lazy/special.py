@@ -48,8 +48,7 @@ def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "
         return value.clone() if dtype is None or dtype == value.dtype else value.to(dtype)
     arr = _materialize(t, reason)
     metrics.inc("device_to_host")
-    with metrics.timer("transfer", also="transfer_from_device"):
-        out = devices.to_host(arr, t.dtype)
+    out = devices.to_host(arr, t.dtype)  # timed there (transfer_from_device), as every copy to the host
     return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
 

@@ -103,6 +103,21 @@ def wrap(lt: LazyTensor) -> torch.Tensor:
     return _to_functional(lt)
 
 
+def rebind(t: torch.Tensor, lt: LazyTensor, value: tuple) -> None:
+    """Make ``t`` (a user-visible tensor, or the LazyTensor ``lt`` inside it) hold the IR ``value`` as an in-place
+    op would, its views and aliases too (``t.detach()``, a module's ``state_dict()`` entries), without touching
+    autograd: no version bump, the same ``grad_fn``.
+
+    Example::
+
+        rebind(t, unwrap(t), (node, 0))
+    """
+    if t is lt:
+        lt._value = value
+    else:
+        torch_private.replace_inner(t, LazyTensor(value, lt._aval))
+
+
 def unwrap(t: torch.Tensor) -> LazyTensor:
     """The LazyTensor inside a user-visible lazyxla tensor, after applying pending view updates."""
     if isinstance(t, LazyTensor):

@@ -48,8 +48,8 @@ class Replicas:
         out = []
         with devices.x64():
             for a in args:
-                if not isinstance(a, jax.Array):
-                    a = jax.device_put(a, self.local)
+                if not isinstance(a, jax.Array):  # the packed scalars and RNG keys
+                    a = devices.send_to(a, self.local)
                 if a.ndim == 0:
                     a = a.reshape((1,))
                 shape = (self.world * a.shape[0], *a.shape[1:])

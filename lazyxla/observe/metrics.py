@@ -1,4 +1,5 @@
-"""Counters and timers: what lazyxla did (compiles, cache hits, transfers, fallbacks) and how long it took."""
+"""Counters, timers and sizes: what lazyxla did (compiles, cache hits, transfers, fallbacks), how long it took and
+how many bytes it moved."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ _BASE = (
     "ops_recorded",
     "data_dependent_syncs",
     "scalar_reads",
+    "device_buffers",
 )
 _counters: collections.Counter = collections.Counter()
 _timers: dict[str, list[float]] = collections.defaultdict(list)
+_sizes: dict[str, list[int]] = collections.defaultdict(list)  # byte counts, one sample per transfer
 
 
 def inc(name: str, n: int = 1) -> None:
@@ -73,6 +76,20 @@ def timer(name: str, also: str | None = None) -> Iterator[None]:
                 _timers[also].append(elapsed)
 
 
+@contextlib.contextmanager
+def transfer(direction: str, nbytes: int) -> Iterator[None]:
+    """Time a copy of ``nbytes`` between the host and the devices (``direction``: ``to_device`` or
+    ``from_device``) under ``transfer`` and ``transfer_<direction>``, and record its size as one sample of
+    ``bytes_<direction>`` (:func:`sizes`). Never under eager mode's prefix: a copy is the same copy there."""
+    saved, _prefix[0] = _prefix[0], ""
+    try:
+        with timer("transfer", also="transfer_" + direction):
+            yield
+    finally:
+        _prefix[0] = saved
+    _sizes["bytes_" + direction].append(nbytes)
+
+
 def _span(name: str):
     return jax.profiler.TraceAnnotation("lazyxla." + name)
 
@@ -84,8 +101,9 @@ def counters() -> dict[str, int]:
     ``executions``, ``nodes_executed`` (IR nodes in the programs run, summed: the size of the work each
     sync sends), ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
     ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count),
-    ``scalar_reads`` (host reads of a one-element tensor's value: ``.item()``, ``bool(t)``, ``if t:``), plus
-    one ``fallback.<op>`` entry per op that ran on the CPU.
+    ``scalar_reads`` (host reads of a one-element tensor's value: ``.item()``, ``bool(t)``, ``if t:``),
+    ``device_buffers`` (buffers put on a device: one per device a copy from the host fills, and one per result
+    of a program on each device that holds it), plus one ``fallback.<op>`` entry per op that ran on the CPU.
 
     ``compiles`` counts the programs this process had to build because its in-memory cache did not
     hold them, and ``cache_hits`` the syncs that found their program in memory. A built program is
@@ -117,22 +135,69 @@ def timers() -> dict[str, dict[str, float]]:
 
         lazyxla.metrics.timers()["compile"]["total_s"]
     """
+    return _summaries(_timers, "s")
+
+
+def sizes() -> dict[str, dict[str, int]]:
+    """Per size series (``bytes_to_device``, ``bytes_from_device``: one sample per copy between the host and
+    the devices, the bytes it moved over every device it filled): count, total, median and max bytes.
+
+    Example::
+
+        lazyxla.metrics.sizes()["bytes_to_device"]["total_bytes"]
+    """
+    return _summaries(_sizes, "bytes")
+
+
+def _summaries(series: dict[str, list], unit: str) -> dict[str, dict]:
+    """Count, total, median and max (``total_<unit>``, ...) of each series, by name."""
     out = {}
-    for name, xs in sorted(_timers.items()):
+    for name, xs in sorted(series.items()):
         s = sorted(xs)
-        out[name] = {"count": len(s), "total_s": sum(s), "median_s": s[len(s) // 2], "max_s": s[-1]}
+        out[name] = {"count": len(s), f"total_{unit}": sum(s), f"median_{unit}": s[len(s) // 2], f"max_{unit}": s[-1]}
     return out
 
 
+def samples(name: str) -> list[float]:
+    """Every sample of timer ``name`` (seconds) or size series ``name`` (bytes), oldest first ([] if none).
+
+    Example::
+
+        lazyxla.metrics.samples("compile")      # [0.031, 0.012]
+    """
+    return list(_timers.get(name) or _sizes.get(name) or ())
+
+
+def reset_counters() -> None:
+    """Zero every counter (timers, sizes and diagnostics stay).
+
+    Example::
+
+        lazyxla.metrics.reset_counters()
+    """
+    _counters.clear()
+
+
+def reset_samples() -> None:
+    """Drop every timer's and size series' samples (counters and diagnostics stay).
+
+    Example::
+
+        lazyxla.metrics.reset_samples()
+    """
+    _timers.clear()
+    _sizes.clear()
+
+
 def reset() -> None:
-    """Zero every counter and timer, and forget the sync triggers and recompile explanations.
+    """Zero every counter, timer and size series, and forget the sync triggers and recompile explanations.
 
     Example::
 
         lazyxla.metrics.reset(); step(); print(lazyxla.metrics.report())
     """
-    _counters.clear()
-    _timers.clear()
+    reset_counters()
+    reset_samples()
     diagnostics.reset()
 
 
@@ -161,7 +226,7 @@ def recompiles() -> list[dict]:
 
 
 def report() -> str:
-    """A readable summary of counters and timers.
+    """A readable summary of counters, timers and sizes.
 
     Example::
 
@@ -175,5 +240,11 @@ def report() -> str:
         lines.append(
             f"    {name:<32} n={t['count']:<6} total={t['total_s'] * 1e3:9.1f} ms  "
             f"median={t['median_s'] * 1e3:8.3f} ms  max={t['max_s'] * 1e3:8.3f} ms"
+        )
+    lines.append("  sizes:")
+    for name, b in sizes().items():
+        lines.append(
+            f"    {name:<32} n={b['count']:<6} total={b['total_bytes']:>12} B  "
+            f"median={b['median_bytes']:>10} B  max={b['max_bytes']:>10} B"
         )
     return "\n".join(lines)

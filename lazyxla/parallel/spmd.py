@@ -24,12 +24,11 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding
 
-from lazyxla import torch_private
 from lazyxla.device import devices, meshes
 from lazyxla.device.meshes import Mesh, ShardingError
 from lazyxla.ir import Aval, Leaf, leaf
 from lazyxla.lazy import graph
-from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, rebind, unwrap, wrap
 from lazyxla.observe.diagnostics import user_frame
 from lazyxla.ops import ops
 
@@ -193,15 +192,6 @@ def _inner(t: torch.Tensor):
     return unwrap(t)
 
 
-def _rebind(t: torch.Tensor, lt: LazyTensor, value: tuple) -> None:
-    """Make ``t`` hold the IR ``value`` as an in-place op would: its views and aliases (``t.detach()``, a
-    module's ``state_dict()`` entries, the storage a ``Parameter`` was made from) see the new layout too."""
-    if t is lt:
-        lt._value = value
-    else:
-        torch_private.replace_inner(t, LazyTensor(value, lt._aval))
-
-
 def _require_spmd(fn: str) -> None:
     if not _state["enabled"]:
         raise RuntimeError(f"{fn} needs SPMD mode: call lazyxla.spmd.enable() at the top of the script")
@@ -225,10 +215,10 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
     if node.op is Leaf.DATA:
         out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
-        _rebind(t, lt, (out, 0))
+        rebind(t, lt, (out, 0))
     else:
         out = ops.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
-        _rebind(t, lt, out._value)
+        rebind(t, lt, out._value)
     return t
 
 
@@ -245,9 +235,9 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     if node.op is Leaf.DATA:
         out = leaf(Leaf.DATA, devices.relayout(node.payload, devices.replicated()), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.clear_sharding at {user_frame()}"
-        _rebind(t, lt, (out, 0))
+        rebind(t, lt, (out, 0))
     elif node.op is ops.shard.default:
-        _rebind(t, lt, node.inputs[0])
+        rebind(t, lt, node.inputs[0])
     return t
 
 
@@ -391,12 +381,12 @@ def load_local_shards(t: torch.Tensor, data: Sequence[torch.Tensor]) -> torch.Te
                     f"load_local_shards: the part for device {shard.device} has shape {list(part.shape)}, "
                     f"expected {list(shard.data.shape)}"
                 )
-            buffers.append(jax.device_put(devices.host_array(part.to(lt.dtype)), shard.device))
+            buffers.append(devices.send_to(devices.host_array(part.to(lt.dtype)), shard.device))
         new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, buffers)
     node = lt._value[0]
     out = leaf(Leaf.DATA, new, node.avals[0], node.device)
     out.source = f"loaded by lazyxla.spmd.load_local_shards at {user_frame()}"
-    _rebind(t, lt, (out, 0))
+    rebind(t, lt, (out, 0))
     return t
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.ops import ops
 
 aten = torch.ops.aten
 
@@ -42,6 +44,11 @@ def convert(x, dtype):
 @lowers(aten._to_copy.default, torch.ops.prims.convert_element_type.default)  # prims: in torch.compile graphs
 def _to_copy(ctx, x, *_, **__):
     return convert(x, ctx.dtype)
+
+
+@lowers(ops.optimization_barrier.default)
+def _optimization_barrier(ctx, xs):
+    return list(jax.lax.optimization_barrier(tuple(xs)))
 
 
 @lowers(aten.copy.default)

@@ -321,6 +321,17 @@ def get_stablehlo(tensors: list[torch.Tensor] | None = None) -> str:
     return lazyxla.debug.stablehlo_text(list(tensors))
 
 
+def optimization_barrier_(tensors) -> None:
+    """Put ``tensors`` through one XLA optimization barrier, in place (``lazyxla.optimization_barrier_``): values
+    unchanged, no computation moved across it in the program that computes them.
+
+    Example::
+
+        xm.optimization_barrier_([full_weight, full_bias])
+    """
+    lazyxla.optimization_barrier_(tensors)
+
+
 # --- collectives -----------------------------------------------------------------------------------
 
 
@@ -761,9 +772,6 @@ class RateTracker:
 
 send = stub("torch_xla.core.xla_model.send", "lazyxla.collective_permute(value, pairs)")
 recv = stub("torch_xla.core.xla_model.recv", "lazyxla.collective_permute(value, pairs)")
-optimization_barrier_ = stub(
-    "torch_xla.core.xla_model.optimization_barrier_", "nothing (drop the call: values are unchanged by it)"
-)
 get_stablehlo_bytecode = stub(
     "torch_xla.core.xla_model.get_stablehlo_bytecode", "lazyxla.export(fn, args) for a serialized StableHLO artifact"
 )

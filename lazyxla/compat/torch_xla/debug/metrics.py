@@ -10,6 +10,10 @@ torch_xla name                 lazyxla source
 ``MarkStep``                   counter ``mark_steps`` (``xm.mark_step``, ``torch_xla.sync``, each
                                ``torch_xla.step()``/``compile()`` region twice: entry and exit)
 ``ExecuteComputation``         counter ``executions``
+``CreateCompileHandles``       ``compiles - persistent_cache_hits`` (programs XLA compiled; a program loaded
+                               from the persistent cache is not compiled, as in torch_xla)
+``CreateDataHandles``          counter ``device_buffers`` (each buffer a copy from the host puts on a device,
+                               and each result buffer of a program)
 ``aten::_local_scalar_dense``  counter ``scalar_reads`` (``.item()``, ``if t:``: a host read)
 ``aten::<op>``                 counter ``fallback.aten.<op>.<overload>`` (ops run on the CPU)
 ``CompileTime``                timer ``compile``
@@ -19,14 +23,16 @@ torch_xla name                 lazyxla source
 ``TransferToDeviceTime``       timer ``transfer_to_device``
 ``TransferFromDeviceTime``     timer ``transfer_from_device``
 ``TraceTime``                  timer ``trace``
+``OutboundData``               size series ``bytes_to_device`` (bytes of each copy to the devices)
+``InboundData``                size series ``bytes_from_device`` (bytes of each copy to the host)
 =============================  ================================================================
 
 lazyxla's own names (``compiles``, ``host_to_device``, ``lower``, ...) are listed and readable too; the
 counters and metrics of torch_xla's C++ runtime that have no lazyxla counterpart (``CreateXlaTensor``,
 ``TensorToData``, ...) are absent rather than made up. As in torch_xla, ``counter_names()`` lists only
 counters above zero and ``counter_value`` of a counter that never counted is None; ``metric_data`` is
-``(total_samples, accumulator, samples)`` with times in nanoseconds (lazyxla keeps no sample timestamps: a
-sample's "time" is its index). ``metrics_report()`` and ``short_metrics_report()`` are in torch_xla's
+``(total_samples, accumulator, samples)`` with times in nanoseconds and sizes in bytes (lazyxla keeps no sample
+timestamps: a sample's "time" is its index). ``metrics_report()`` and ``short_metrics_report()`` are in torch_xla's
 layout, which ``torch_xla.debug.metrics_compare_utils`` parses.
 
 Example::
@@ -60,6 +66,7 @@ _COUNTERS = {
     "CachedCompile": "cache_hits",
     "UncachedCompile": "compiles",
     "ExecuteComputation": "executions",
+    "CreateDataHandles": "device_buffers",
     "MarkStep": "mark_steps",
     "aten::_local_scalar_dense": "scalar_reads",
 }
@@ -71,12 +78,18 @@ _METRICS = {
     "TransferToDeviceTime": "transfer_to_device",
     "TransferFromDeviceTime": "transfer_from_device",
     "TraceTime": "trace",
+    "OutboundData": "bytes_to_device",
+    "InboundData": "bytes_from_device",
 }
+_SIZES = frozenset({"OutboundData", "InboundData", "bytes_to_device", "bytes_from_device"})  # bytes, not time
 
 
 def _all_counters() -> dict[str, int]:
     raw = lazyxla.metrics.counters()
     out = {name: raw.get(source, 0) for name, source in _COUNTERS.items()}
+    # torch_xla counts the programs its runtime compiled; lazyxla's ``compiles`` also counts the programs it
+    # loaded from the persistent cache, which torch_xla does not compile either
+    out["CreateCompileHandles"] = raw["compiles"] - raw["persistent_cache_hits"]
     for name, value in raw.items():
         if name.startswith("fallback."):
             op = name[len("fallback.") :]
@@ -116,48 +129,45 @@ def clear_counters() -> None:
 
         met.clear_counters()
     """
-    _metrics._counters.clear()
-
-
-def _samples(source: str) -> list[float]:
-    return list(getattr(_metrics, "_timers", {}).get(source, ()))
+    _metrics.reset_counters()
 
 
 def metric_names() -> list[str]:
-    """The metrics (timers) that have samples: torch_xla's names, then lazyxla's.
+    """The metrics (timers and transfer sizes) that have samples: torch_xla's names, then lazyxla's.
 
     Example::
 
         print(met.metric_names())    # ['CompileTime', 'ExecuteTime', ..., 'compile', 'execute', ...]
     """
-    timers = lazyxla.metrics.timers()
-    mapped = [name for name, source in _METRICS.items() if source in timers]
-    return mapped + sorted(timers)
+    own = sorted(lazyxla.metrics.timers()) + sorted(lazyxla.metrics.sizes())
+    mapped = [name for name, source in _METRICS.items() if source in own]
+    return mapped + own
 
 
 def metric_data(name: str) -> tuple[int, float, list[tuple[int, float]]] | None:
-    """``(total_samples, accumulator, samples)`` of metric ``name`` (nanoseconds), or None if it has none.
+    """``(total_samples, accumulator, samples)`` of metric ``name`` (times in nanoseconds, ``InboundData`` and
+    ``OutboundData`` in bytes), or None if it has none.
 
     Example::
 
         count, total_ns, _ = met.metric_data("CompileTime")
+        copies, total_bytes, _ = met.metric_data("OutboundData")
     """
-    source = _METRICS.get(name, name)
-    samples = _samples(source)
+    samples = lazyxla.metrics.samples(_METRICS.get(name, name))
     if not samples:
         return None
-    ns = [s * 1e9 for s in samples]
-    return len(ns), sum(ns), list(enumerate(ns))
+    values = samples if name in _SIZES else [s * 1e9 for s in samples]
+    return len(values), sum(values), list(enumerate(values))
 
 
 def clear_metrics() -> None:
-    """Drop every timer's samples.
+    """Drop every metric's samples (timers and transfer sizes).
 
     Example::
 
         met.clear_metrics()
     """
-    _metrics._timers.clear()
+    _metrics.reset_samples()
 
 
 def clear_all() -> None:
@@ -187,18 +197,29 @@ def _duration(ns: float) -> str:
     return "".join(fmt % value for value, fmt in parts) + f"{us:.3f}us"
 
 
+def _bytes(n: float) -> str:
+    """A size in torch_xla's notation: binary units, two decimals (``393.00KB``, ``1.54MB``)."""
+    units = ("B", "KB", "MB", "GB", "TB", "PB")
+    k = 0
+    while k + 1 < len(units) and n >= 1024.0:
+        n /= 1024.0
+        k += 1
+    return f"{n:.2f}{units[k]}"
+
+
 def _metric_block(name: str) -> list[str]:
     data = metric_data(name)
     if data is None:
         return []
     count, total, samples = data
+    show = _bytes if name in _SIZES else _duration
     values = sorted(v for _, v in samples)
     ranks = [values[min(len(values) - 1, len(values) * p // 100)] for p in _PERCENTILES]
-    percentiles = "; ".join(f"{p}%={_duration(v)}" for p, v in zip(_PERCENTILES, ranks))
+    percentiles = "; ".join(f"{p}%={show(v)}" for p, v in zip(_PERCENTILES, ranks))
     return [
         f"Metric: {name}",
         f"  TotalSamples: {count}",
-        f"  Accumulator: {_duration(total)}",
+        f"  Accumulator: {show(total)}",
         f"  Percentiles: {percentiles}",
     ]
 
