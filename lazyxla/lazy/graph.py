@@ -143,14 +143,17 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
 
 def _arguments(compiled, leaves, device: int) -> list:
     """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA).
-    The packed scalars and RNG keys are copied to the device here, a transfer timed and counted as any other
-    (in SPMD mode to every device, the same values in every process)."""
+    The packed scalars and RNG keys go with the call on one device (jax copies them; counted, not timed apart),
+    and are copied to every device first in SPMD mode (the same values in every process)."""
     layout = compiled.layout
     args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
+    n = len(layout.data)
     if compiled.replicas is not None:
         args = compiled.replicas.globalize(args)
-    elif len(args) > len(layout.data):
-        args[len(layout.data) :] = devices.send(args[len(layout.data) :], device)
+    elif compiled.spmd and len(args) > n:
+        args[n:] = devices.send(args[n:], device)
+    elif len(args) > n:
+        args[n:] = devices.passed(args[n:])
     compiled.check_arguments(args, leaves)
     return args
 

@@ -87,6 +87,12 @@ def transfer(direction: str, nbytes: int) -> Iterator[None]:
             yield
     finally:
         _prefix[0] = saved
+    transferred(direction, nbytes)
+
+
+def transferred(direction: str, nbytes: int) -> None:
+    """Record ``nbytes`` copied between the host and the devices (``direction`` as in :func:`transfer`) by a copy
+    that is not timed apart: the host arrays jax copies as part of a program call."""
     _sizes["bytes_" + direction].append(nbytes)
 
 
