@@ -26,6 +26,7 @@ any ``jax.jit``.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import hmac
 import os
@@ -264,6 +265,7 @@ def _uneven_layouts(fn, leaves, roots, layout: ArgLayout):
     ins = [meshes.named_sharding(*a) if a else None for a in ins]
     outs = [meshes.even_sharding(*u, m.avals[i].shape) if u else None for u, (m, i) in zip(outs, roots)]
 
+    @functools.wraps(fn)  # (the program keeps its name)
     def constrained(*args):
         args = [a if s is None else jax.lax.with_sharding_constraint(a, s) for a, s in zip(args, ins)] + list(
             args[len(ins) :]
