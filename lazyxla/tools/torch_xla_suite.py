@@ -179,6 +179,10 @@ SETTINGS = {
     "test/spmd/test_spmd_debugging.py ConvertV2ShardingToV1Test": Setting(
         devices=4, cases=("ConvertV2ShardingToV1Test",)
     ),
+    "test/spmd/test_dynamo_spmd.py": Setting(
+        known="torch.compile(backend='openxla') compiles at its first call in torch_xla (CompileTime is counted when "
+        "it returns); lazyxla records the compiled graph and compiles it at the next sync"
+    ),
     "test/spmd/test_sharding_strategies.py": Setting(
         devices=4, args=("--batch_size", "64", "--embedding_dimension", "32")
     ),
