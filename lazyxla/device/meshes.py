@@ -126,12 +126,13 @@ def layouts(leaves) -> tuple:
     a step's outputs come back in layouts XLA chose (``GSPMDSharding``), equivalent to the ``NamedSharding``
     the same tensors had as inputs, and must key the same program. A leaf with an uneven layout (``asked``)
     adds it: the program constrains that input to it."""
-    return tuple(
-        (canonical_layout(n.payload.sharding, len(n.avals[0].shape)), *asked(n))
-        if n.op is Leaf.DATA and n.payload is not None
-        else None
-        for n in leaves
-    )
+    return tuple(_layout_key(n) if n.op is Leaf.DATA and n.payload is not None else None for n in leaves)
+
+
+def _layout_key(n):
+    canon = canonical_layout(n.payload.sharding, len(n.avals[0].shape))
+    uneven = asked(n)
+    return (canon, *uneven) if uneven else canon
 
 
 # --- layouts that split a dimension unevenly ---------------------------------------------------------------------
