@@ -69,6 +69,11 @@ for _name, _schema in _SCHEMAS.items():
 library.define("shard(Tensor x, str mesh, str spec) -> Tensor")
 library.impl("shard", lambda x, mesh, spec: torch.empty_like(x), "Meta")
 
+# ``x`` laid out as ``like`` is, whatever that layout is (jax.experimental.shard_alike): in SPMD mode the gradients a
+# loop's backward gives (frontend/scan.py) take the layouts of the loop's inputs, as torch_xla's scan makes them.
+library.define("shard_like(Tensor x, Tensor like) -> Tensor")
+library.impl("shard_like", lambda x, like: torch.empty_like(x), "Meta")
+
 # One call of a torch.compile graph: ``graph`` is the digest of its traced IR (see frontend/dynamo.py). A graph
 # that holds replica collectives (xm.all_reduce inside a compiled function) is ``compiled_graph_collective``: the
 # program that runs it spans the run's replicas, as one with a collective of its own.

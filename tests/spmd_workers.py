@@ -100,7 +100,7 @@ def gpt_spmd(rank: int, mode: str, steps: int = 5) -> dict:
 
 
 def sharding_errors(rank: int) -> dict:
-    """Each bad annotation raises at the call: the messages, by case."""
+    """Each bad annotation raises at the call: the messages, by case (None: accepted)."""
     import lazyxla
 
     spmd = lazyxla.spmd

@@ -99,6 +99,25 @@ with tempfile.TemporaryDirectory() as tmp:
     out["from_cpu_shards"] = diff(cpu_state(dst), want)
     out["load_compiles"] = lazyxla.metrics.counters().get("compiles", 0) - compiles
 
+# a 63-row weight split 4 ways, as torch_xla's test_padded_tensor: parts of 16 rows, the last one padded; saved and
+# loaded into the transposed layout (127 columns split 4 ways)
+with tempfile.TemporaryDirectory() as tmp:
+    a, b = torch.nn.Linear(127, 63).to("xla"), torch.nn.Linear(127, 63).to("xla")
+    row = xs.Mesh(np.arange(n), (n,))
+    xs.mark_sharding(a.weight, row, (0, None))
+    xs.mark_sharding(b.weight, row, (None, 0))
+    parts = xs.wrap_if_sharded(a.weight).local_shards
+    out["padded_parts"] = [[list(s.data.shape), list(s.unpadded_data.shape), s.indices[0].stop] for s in parts]
+    out["padding"] = float(parts[-1].data[15:].abs().sum())
+    out["unpadded_match"] = all(torch.equal(s.unpadded_data, a.weight.cpu()[tuple(s.indices)]) for s in parts)
+    want = cpu_state(a)
+    writer = dist_cp.FileSystemWriter(tmp, per_thread_copy_ahead=0)
+    dist_cp.save(a.state_dict(), storage_writer=writer, planner=xc.SPMDSavePlanner())
+    state = b.state_dict()
+    dist_cp.load(state, storage_reader=dist_cp.FileSystemReader(tmp), planner=xc.SPMDLoadPlanner())
+    out["padded_round_trip"] = diff(cpu_state(b), want)
+    out["padded_layout"] = layout(b.weight)
+
 # CheckpointManager: interval, max_to_keep, async saves, whole folders only, JSON records
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], world_size=1, rank=0)
 with tempfile.TemporaryDirectory() as tmp:
@@ -197,6 +216,14 @@ def test_checkpoint_loads_unsplit_and_from_host_shards(measured):
     assert measured["into_unsplit"] == 0.0
     assert measured["cpu_shards"] and measured["from_cpu_shards"] == 0.0
     assert measured["load_compiles"] == 0  # loading puts buffers on the devices: nothing to compile
+
+
+def test_checkpoint_of_a_weight_split_unevenly_as_torch_xla_pads_it(measured):
+    assert measured["padded_parts"] == [[[16, 127], [16, 127], 16 * (k + 1)] for k in range(3)] + [
+        [[16, 127], [15, 127], 63]
+    ]
+    assert measured["padding"] == 0.0 and measured["unpadded_match"]
+    assert measured["padded_round_trip"] == 0.0 and measured["padded_layout"] == [None, "axis0"]
 
 
 def test_checkpoint_manager(measured):

@@ -39,6 +39,7 @@ out["partial_second"] = text((4, 4), square, (None, "x"))
 out["tuple"] = text((16,), square, (("x", "y"),))
 out["tuple_partial"] = text((16, 16), cube, ((0, 1), None))
 out["transposed"] = text((16, 16), cube, (None, (2, 1)))
+out["uneven"] = text((1, 128), row, (1, 0))                   # 1 row over 4 devices: padded, as torch_xla does
 pending = torch.zeros(4, 8).to(dev) * 2                       # a computed value: a constraint in the graph
 xs.mark_sharding(pending, square, ("x", "y"))
 out["pending"] = torch_xla._XLAC._get_xla_sharding_spec(pending)
@@ -60,6 +61,7 @@ def test_sharding_texts_are_xla_v1_texts_over_four_devices(tmp_path):
         "tuple": "{devices=[4]0,1,2,3}",
         "tuple_partial": "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}",
         "transposed": "{devices=[1,4]0,2,1,3}",
+        "uneven": "{devices=[4,1]0,1,2,3}",
         "pending": "{devices=[2,2]0,1,2,3}",
         "plain": "",
     }

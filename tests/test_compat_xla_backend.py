@@ -47,6 +47,11 @@ def _mp_fn(index):
     out = torch.zeros(2, device=dev)
     dist.reduce_scatter(out, [torch.full((2,), 1.0 + r, device=dev), torch.full((2,), 10.0 * (r + 1), device=dev)])
     res["reduce_scatter"] = out.cpu().tolist()
+    outs, opts = [torch.zeros(2, device=dev), torch.zeros(3, device=dev)], dist.ReduceScatterOptions()
+    pieces = [[torch.full((2,), 1.0 + r, device=dev)] * 2]
+    pieces.append([torch.arange(3.0, device=dev) * (k + 1) + r for k in range(2)])
+    dist.group.WORLD.reduce_scatter_coalesced(outs, pieces, opts)
+    res["reduce_scatter_coalesced"] = [o.cpu().tolist() for o in outs]
     t = torch.tensor([2.0 + r], device=dev)
     dist.reduce(t, dst=0)
     res["reduce"] = t.cpu().tolist()
@@ -91,6 +96,9 @@ def test_xla_backend_collectives_under_two_replicas(tmp_path):
         assert res["broadcast"] == [6.0, 7.0]  # rank 1's values
         # piece r of the sum over ranks: piece 0 = 1 + 2, piece 1 = 10 + 20
         assert res["reduce_scatter"] == ([3.0, 3.0] if r == 0 else [30.0, 30.0])
+        # output i: piece r of input list i summed over the ranks (XLA's CPU reduce-scatter: torch_xla skips it)
+        want = [[3.0, 3.0], [1.0, 3.0, 5.0] if r == 0 else [1.0, 5.0, 9.0]]
+        assert res["reduce_scatter_coalesced"] == want
         assert res["reduce"] == ([2.0 + 3.0] if r == 0 else [2.0 + r])  # only the destination keeps the sum
         assert res["gather"] == ([[4.0], [5.0]] if r == 1 else None)
         assert res["scatter"] == ([1.0, 2.0] if r == 0 else [3.0, 4.0])

@@ -40,8 +40,8 @@ def test_bad_annotations_raise_at_the_call():
     assert "has 1 entries but the tensor has 2 dimensions" in out["rank"]
     assert "'nope' (dimension 1) is not an axis of the mesh" in out["unknown"]
     assert "'model' is used twice" in out["twice"]
-    assert "dimension 1 of size 6 cannot be split evenly into 4 parts" in out["divisible"]
-    assert "dimension 0 of size 4 cannot be split evenly into 8 parts" in out["tuple_divisible"]
+    # a dimension its mesh axes do not divide is split as XLA splits it, padded (tests/test_spmd_uneven.py)
+    assert out["divisible"] is None and out["tuple_divisible"] is None
     assert "holds 9 devices, but 8 ids" in out["mesh"]
     assert out["tuple_ok"] == (("data", "model"), None)
     assert out["pending_spec"] == ("model", None) and out["pending_value"] == 96.0

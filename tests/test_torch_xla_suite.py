@@ -96,6 +96,36 @@ def test_scripts_count_once_and_time_limits_hold(tmp_path):
     assert "**1 of 2 test cases passed**" in table and "| `test/test_mp_bad.py` | 0 / 1 | 0 |" in table
 
 
+TWO_CLASSES = """
+import sys, unittest
+
+
+class A(unittest.TestCase):
+    def test_rank0(self):
+        pass
+
+    def test_fails(self):
+        self.assertEqual(sys.argv[1:], [])
+
+
+class B(unittest.TestCase):
+    def test_other(self):
+        pass
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+
+
+def test_a_run_limited_to_some_classes_counts_only_them(tmp_path):
+    src = _source(tmp_path, {"test/test_two.py": TWO_CLASSES})
+    row = suite.run_file(src, "test/test_two.py", suite.Setting(devices=1, cases=("A",)))
+    # the file failed (its argv named the class): A's cases are recorded once each, B's are another run's
+    outcomes = sorted((c["id"].split(".", 1)[1], c["outcome"]) for c in row["cases"])
+    assert outcomes == [("A.test_fails", "failed"), ("A.test_rank0", "passed")]
+
+
 def test_reasons_come_from_the_error_then_the_last_traceback():
     assert reasons.classify("RuntimeError: PyTorch is not linked with support for xla devices") == reasons.XLA_DEVICE
     assert reasons.classify("AssertionError: 1 != 2") == reasons.OTHER

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import weakref
 from collections.abc import Sequence
 
 import jax
@@ -28,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 from lazyxla import jax_private
 from lazyxla.device.devices import global_devices
 from lazyxla.ir import Leaf
+from lazyxla.ops import ops
 
 _meshes: dict[str, Mesh] = {}  # Mesh.key -> Mesh, for the lowering of recorded constraints
 
@@ -122,13 +124,69 @@ def spec_of_layout(sharding, ndim: int) -> tuple[Mesh | None, tuple] | None:
 def layouts(leaves) -> tuple:
     """SPMD: the layouts of the data leaves (a program is compiled for its inputs' layouts), canonical:
     a step's outputs come back in layouts XLA chose (``GSPMDSharding``), equivalent to the ``NamedSharding``
-    the same tensors had as inputs, and must key the same program."""
-    return tuple(
-        canonical_layout(n.payload.sharding, len(n.avals[0].shape))
-        if n.op is Leaf.DATA and n.payload is not None
-        else None
-        for n in leaves
-    )
+    the same tensors had as inputs, and must key the same program. A leaf with an uneven layout (``asked``)
+    adds it: the program constrains that input to it."""
+    return tuple(_layout_key(n) if n.op is Leaf.DATA and n.payload is not None else None for n in leaves)
+
+
+def _layout_key(n):
+    canon = canonical_layout(n.payload.sharding, len(n.avals[0].shape))
+    uneven = asked(n)
+    return (canon, *uneven) if uneven else canon
+
+
+# --- layouts that split a dimension unevenly ---------------------------------------------------------------------
+# XLA (and torch_xla) take a layout whose mesh axes do not divide a dimension: the last parts are padded. jax keeps a
+# buffer only in layouts that split every dimension evenly. So a tensor annotated that way keeps its buffer in the
+# nearest even layout (those dimensions whole on each device: ``even_spec``) and its data leaf remembers the layout
+# asked for (``ask``): programs constrain the tensor to it (XLA pads inside them, as torch_xla's runtime does), and
+# lazyxla.spmd's queries (get_sharding, local_shards) report it.
+_asked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # data leaf -> (mesh key, JSON spec)
+
+
+def parts(m: Mesh, spec: Sequence) -> list[int]:
+    """How many parts each dimension is split into by the partition ``spec`` on mesh ``m``."""
+    return [math.prod(m.axis_size(a) for a in _names(entry)) for entry in spec]
+
+
+def _names(entry) -> tuple:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def even_spec(m: Mesh, spec: Sequence, shape: Sequence[int]) -> tuple:
+    """``spec`` without the mesh axes of the dimensions of ``shape`` they do not divide evenly.
+
+    Example::
+
+        even_spec(Mesh(range(4), (4,), ("x",)), ("x", None), (63, 8))     # (None, None)
+    """
+    return tuple(None if n % k else e for e, n, k in zip(spec, shape, parts(m, spec)))
+
+
+def even_sharding(key: str, spec: str, shape: Sequence[int]) -> NamedSharding:
+    """The even layout a buffer of ``shape`` keeps for the layout ``named_sharding(key, spec)``."""
+    m = lookup(key)
+    return m.sharding(even_spec(m, decode_spec(spec), shape))
+
+
+def ask(node, key: str, spec: str) -> None:
+    """Remember that data leaf ``node`` is laid out as ``named_sharding(key, spec)``, which its buffer cannot be."""
+    _asked[node] = (key, spec)
+
+
+def asked(node) -> tuple:
+    """``(mesh key, JSON spec)`` of the uneven layout data leaf ``node`` stands for, or ``()``."""
+    return _asked.get(node, ())
+
+
+def uneven_constraint(node) -> tuple:
+    """``(mesh key, JSON spec)`` when ``node`` is a sharding constraint (``ops.shard``) that splits a dimension
+    unevenly (its result is kept as a buffer in the even layout, and remembers this one), else ``()``."""
+    if node.op is not ops.shard.default:
+        return ()
+    _, key, spec = node.template[0]
+    m, decoded = lookup(key), decode_spec(spec)
+    return (key, spec) if even_spec(m, decoded, node.avals[0].shape) != decoded else ()
 
 
 _layout_keys: dict = {}

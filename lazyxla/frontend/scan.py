@@ -45,12 +45,14 @@ from typing import Any
 import torch
 
 from lazyxla.config import config
+from lazyxla.device import devices
 from lazyxla.frontend.scan_body import Loop, Plan, ScanError, aval_of, flatten, trace  # noqa: F401  (ScanError: re-exported)
 from lazyxla.ir import IN, Aval, canonical, node, op_hash
 from lazyxla.lazy import rng
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.rules.scan import OP
 from lazyxla.observe import diagnostics, metrics
+from lazyxla.ops import ops
 
 _PURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn (or first layer) -> {signature: Plan}
 
@@ -279,7 +281,7 @@ def _scan(fn, init, flat_xs: list, unflatten_xs, length: int, checkpoint: bool, 
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"scan: the carry must hold tensors (or None), got {_describe(t)}")
     tensors = flat_init + flat_xs
-    on_device = [t.device for t in tensors if t.device.type == "lazyxla"]
+    on_device = [t.device for t in tensors if devices.on_device(t)]  # ("xla" under python -m lazyxla.run)
     if not on_device:
         return _python_loop(fn, init, flat_xs, unflatten_xs, length)
     device = on_device[0]
@@ -305,8 +307,8 @@ def _plan(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, chec
             unflatten_xs.spec,
             tuple(aval_of(t) for t in flat_init),
             tuple((aval_of(t), t.requires_grad) for t in flat_xs),
-            torch.is_autocast_enabled("lazyxla"),
-            torch.get_autocast_dtype("lazyxla"),
+            torch.is_autocast_enabled(devices.torch_name()),
+            torch.get_autocast_dtype(devices.torch_name()),
         )
         plan = cache.get(key)
         if plan is not None:
@@ -351,11 +353,19 @@ class _Call:
         n = self._record(loop, values)
         out: list = [None] * len(self.inputs)
         for j, k in enumerate(plan.grad_carries):
-            out[k] = wrap(LazyTensor((n, j), n.avals[j])) if needs[k] else None
+            out[k] = self._gradient(n, j, k) if needs[k] else None
         for j, k in enumerate(plan.grad_xs):
             pos = len(plan.grad_carries) + j
-            out[n_carry + k] = wrap(LazyTensor((n, pos), n.avals[pos])) if needs[n_carry + k] else None
+            out[n_carry + k] = self._gradient(n, pos, n_carry + k) if needs[n_carry + k] else None
         return out
+
+    def _gradient(self, n, pos: int, k: int) -> torch.Tensor:
+        """Output ``pos`` of backward loop ``n``: the gradient of input ``k``, in SPMD mode laid out as that input
+        is (torch_xla's scan constrains them alike: XLA's propagation alone may replicate the gradient)."""
+        grad = LazyTensor((n, pos), n.avals[pos])
+        if devices.spmd_enabled():
+            grad = ops.shard_like(grad, LazyTensor(self.inputs[k]._value, self.inputs[k]._aval))
+        return wrap(grad)
 
     def _record(self, loop: Loop, values: list):
         inputs = [*values]

@@ -33,6 +33,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.config import config
+from lazyxla.device import devices
 from lazyxla.ir import Aval, Leaf, digest, leaf, rewired
 from lazyxla.lazy import rng
 from lazyxla.lazy.placeholders import Placeholder, disarm, placeholder, reaches
@@ -221,7 +222,7 @@ def _check_carry(new_carry, unflatten_carry, carry_out: list, flat_init: list) -
 
 
 def _check_on_device(t, what: str) -> None:
-    if not isinstance(t, torch.Tensor) or t.device.type != "lazyxla":
+    if not isinstance(t, torch.Tensor) or not devices.on_device(t):
         got = f"a tensor on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise ScanError(f"scan: {what} fn returns must hold lazyxla tensors (or None), got {got}")
 

@@ -13,7 +13,7 @@ import torch
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
-from lazyxla.device.meshes import layouts
+from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
@@ -136,6 +136,8 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     for (m, i), arr in zip(roots, outs):
         out = leaf(Leaf.DATA, arr, m.avals[i], device)
         out.source = made_by
+        if compiled.spmd and (uneven := uneven_constraint(m)):  # its buffer has the even layout: remember this one
+            ask(out, *uneven)
         new[(id(m), i)] = (out, 0)
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]

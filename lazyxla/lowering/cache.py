@@ -26,6 +26,7 @@ any ``jax.jit``.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import hmac
 import os
@@ -40,7 +41,7 @@ from jax.experimental import serialize_executable
 
 from lazyxla import jax_private
 from lazyxla.config import config, foreign_env, user_cache_root
-from lazyxla.device import devices, processes
+from lazyxla.device import devices, meshes, processes
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import digest
 from lazyxla.lowering import replica
@@ -243,7 +244,8 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
         fn = jax.jit(reps.wrap(body, local, len(roots)), donate_argnums=donate)
         return fn.lower(*[reps.global_spec(s) for s in local])
     if dev is None:  # SPMD: inputs keep their layouts, XLA's partitioner chooses the outputs'
-        fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate)
+        body = _uneven_layouts(graph_fn(order, leaves, roots, layout), leaves, roots, layout)
+        fn = jax.jit(body, donate_argnums=donate)
         shardings = [leaves[i].payload.sharding for i in layout.data]
         replicated = _replicated_like(shardings)
         shardings = [replicated if s.is_fully_replicated else s for s in shardings]
@@ -251,6 +253,26 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
     sharding = jax.sharding.SingleDeviceSharding(dev)
     fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)
     return fn.lower(*layout.specs(leaves, sharding))
+
+
+def _uneven_layouts(fn, leaves, roots, layout: ArgLayout):
+    """SPMD: ``fn`` with its inputs that stand for a layout splitting a dimension unevenly constrained to that
+    layout, and its results that are such a layout returned in the even one their buffers keep (``meshes.ask``)."""
+    ins = [meshes.asked(leaves[i]) for i in layout.data]
+    outs = [meshes.uneven_constraint(m) for m, _ in roots]
+    if not any(ins) and not any(outs):
+        return fn
+    ins = [meshes.named_sharding(*a) if a else None for a in ins]
+    outs = [meshes.even_sharding(*u, m.avals[i].shape) if u else None for u, (m, i) in zip(outs, roots)]
+
+    @functools.wraps(fn)  # (the program keeps its name)
+    def constrained(*args):
+        args = [a if s is None else jax.lax.with_sharding_constraint(a, s) for a, s in zip(args, ins)] + list(
+            args[len(ins) :]
+        )
+        return tuple(o if s is None else jax.lax.with_sharding_constraint(o, s) for o, s in zip(fn(*args), outs))
+
+    return constrained
 
 
 def _replicated_like(shardings: list) -> jax.sharding.NamedSharding:

@@ -8,12 +8,18 @@ tensor re-lays its buffer out now; on a pending one it records a sharding constr
 (``ops.shard``, lowered to ``jax.lax.with_sharding_constraint``).
 
 A partition spec has one entry per tensor dimension: a mesh axis name, ``None`` (not split), or a
-tuple of axis names (split over their product). Dimensions must divide evenly (no padding).
+tuple of axis names (split over their product). A dimension its axes do not divide evenly is split as XLA
+and torch_xla split it: in parts of ``ceil(size / parts)``, the last ones short (XLA pads them inside the
+programs). jax keeps buffers only in even layouts, so such a tensor's buffer holds those dimensions whole on
+each device (``device/meshes.py``: ``even_spec``), while programs, ``get_sharding`` and ``local_shards`` see
+the layout asked for.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -176,12 +182,6 @@ def _check_spec(shape: tuple[int, ...], m: Mesh, spec: Sequence) -> tuple:
             if name in used:
                 raise ShardingError(f"mark_sharding: mesh axis {name!r} is used twice in {spec}")
             used.append(name)
-        parts = math.prod(m.axis_size(n) for n in names)
-        if shape[dim] % parts:
-            raise ShardingError(
-                f"mark_sharding: dimension {dim} of size {shape[dim]} cannot be split evenly into {parts} parts "
-                f"(mesh axes {names}); lazyxla does not pad: choose another axis or pad the tensor"
-            )
         out.append(None if not names else names[0] if len(names) == 1 else names)
     return tuple(out)
 
@@ -213,8 +213,11 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
     spec = _check_spec(tuple(t.shape), mesh, partition_spec)
     node, i = lt._value
     if node.op is Leaf.DATA:
-        out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(spec)), node.avals[0], node.device)
+        even = meshes.even_spec(mesh, spec, tuple(t.shape))
+        out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(even)), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
+        if even != spec:  # split unevenly: the buffer keeps the even layout, the leaf the one asked for
+            meshes.ask(out, mesh.key, json.dumps(spec))
         rebind(t, lt, (out, 0))
     else:
         out = ops.shard(LazyTensor(lt._value, lt._aval), mesh.key, json.dumps(spec))
@@ -255,6 +258,8 @@ def get_sharding(t: torch.Tensor) -> tuple[Mesh | None, tuple] | None:
     node, _ = lt._value
     if node.op is ops.shard.default:
         return meshes.lookup(node.template[0][1]), meshes.decode_spec(node.template[0][2])
+    if asked := meshes.asked(node):
+        return meshes.lookup(asked[0]), meshes.decode_spec(asked[1])
     if node.op is Leaf.DATA and node.payload is not None:
         return meshes.spec_of_layout(node.payload.sharding, len(t.shape))
     return None
@@ -270,7 +275,7 @@ def is_annotated(t: torch.Tensor) -> bool:
         assert is_annotated(x) and lazyxla.spmd.get_sharding(x) is None
     """
     node, _ = _inner(t)._value
-    if node.op is ops.shard.default:
+    if node.op is ops.shard.default or meshes.asked(node):
         return True
     layout = getattr(node.payload, "sharding", None) if node.op is Leaf.DATA else None
     return isinstance(layout, NamedSharding) and meshes.is_known(layout.mesh)
@@ -309,7 +314,9 @@ class Shard:
 
     ``device`` is the device's position among the run's devices (the ids a mesh is built from), ``index`` the
     part's place in the global tensor (one ``slice(start, stop)`` per dimension), ``replica_id`` which copy of
-    that part this is (0 .. copies - 1) and ``data`` a CPU copy of it.
+    that part this is (0 .. copies - 1) and ``data`` a CPU copy of it. ``padded_shape`` is the part's shape as
+    XLA holds it: larger than ``data``'s where the layout splits a dimension unevenly (the last parts are
+    short, or empty, and padded to ``ceil(size / parts)``).
 
     Example::
 
@@ -321,6 +328,7 @@ class Shard:
     index: tuple[slice, ...]
     replica_id: int
     data: torch.Tensor
+    padded_shape: tuple[int, ...] = ()
 
 
 def _computed(t: torch.Tensor, fn: str) -> tuple[LazyTensor, jax.Array]:
@@ -354,10 +362,39 @@ def local_shards(t: torch.Tensor) -> list[Shard]:
     lt, arr = _computed(t, "lazyxla.spmd.local_shards")
     shards, order = _addressable(arr)
     shape = tuple(arr.shape)
-    return [
-        Shard(order[s.device], _full_index(s.index, shape), s.replica_id, devices.to_host(s.data, lt.dtype))
-        for s in shards
-    ]
+    uneven = _uneven_parts(lt._value[0], shape)
+    out = []
+    for s in shards:
+        held = _full_index(s.index, shape)
+        index, replica_id, padded = uneven[s.device] if uneven else (held, s.replica_id, tuple(s.data.shape))
+        inside = tuple(slice(i.start - h.start, i.stop - h.start) for i, h in zip(index, held))
+        out.append(Shard(order[s.device], index, replica_id, devices.to_host(s.data, lt.dtype)[inside], padded))
+    return out
+
+
+def _padded(m: Mesh, spec: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` grown to the next multiple of each dimension's part count (XLA's padding)."""
+    return tuple(-(-n // k) * k for n, k in zip(shape, meshes.parts(m, spec)))
+
+
+def _uneven_parts(node, shape: tuple[int, ...]) -> dict:
+    """For a leaf laid out unevenly (``meshes.asked``): device -> (its part's index, replica id, padded part
+    shape), as XLA splits the padded tensor; {} for any other."""
+    asked = meshes.asked(node)
+    if not asked:
+        return {}
+    m, spec = meshes.lookup(asked[0]), meshes.decode_spec(asked[1])
+    padded = _padded(m, spec, shape)
+    where = m.sharding(spec).devices_indices_map(padded)
+    out, copies = {}, collections.Counter()
+    for d in devices.global_devices():
+        if d in where:
+            index = tuple(slice(min(s.start, n), min(s.stop, n)) for s, n in zip(_full_index(where[d], padded), shape))
+            part = tuple(s.stop - s.start for s in _full_index(where[d], padded))
+            place = tuple((s.start, s.stop) for s in index)  # (slices are not hashable before Python 3.12)
+            out[d] = (index, copies[place], part)
+            copies[place] += 1
+    return out
 
 
 def load_local_shards(t: torch.Tensor, data: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -373,21 +410,47 @@ def load_local_shards(t: torch.Tensor, data: Sequence[torch.Tensor]) -> torch.Te
     shards, _ = _addressable(arr)
     if len(data) != len(shards):
         raise ValueError(f"load_local_shards: {len(data)} parts given, but {len(shards)} devices hold a part of it")
+    node = lt._value[0]
+    shape = tuple(arr.shape)
+    uneven = _uneven_parts(node, shape)
     buffers = []
     with devices.x64():
         for shard, part in zip(shards, data):
-            if tuple(part.shape) != tuple(shard.data.shape):
+            index, _, padded = uneven[shard.device] if uneven else (None, 0, tuple(shard.data.shape))
+            expected = tuple(s.stop - s.start for s in index) if uneven else padded
+            if tuple(part.shape) != expected:
                 raise ValueError(
                     f"load_local_shards: the part for device {shard.device} has shape {list(part.shape)}, "
-                    f"expected {list(shard.data.shape)}"
+                    f"expected {list(expected)}"
                 )
-            buffers.append(devices.send_to(devices.host_array(part.to(lt.dtype)), shard.device))
-        new = jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, buffers)
-    node = lt._value[0]
+            host = devices.host_array(part.to(lt.dtype))
+            if uneven:  # XLA's padded part: the data, then zeros
+                host = np.pad(host, [(0, p - n) for p, n in zip(padded, host.shape)])
+            buffers.append(devices.send_to(host, shard.device))
+        new = _assemble(buffers, arr, meshes.asked(node), shape)
     out = leaf(Leaf.DATA, new, node.avals[0], node.device)
     out.source = f"loaded by lazyxla.spmd.load_local_shards at {user_frame()}"
+    if uneven:
+        meshes.ask(out, *meshes.asked(node))
     rebind(t, lt, (out, 0))
     return t
+
+
+def _assemble(buffers: list, arr: jax.Array, asked: tuple, shape: tuple[int, ...]) -> jax.Array:
+    """The global array of the devices' parts ``buffers``, laid out as ``arr``. Parts of an uneven layout are
+    padded: they make the padded tensor, which a program cuts to ``shape`` in ``arr``'s (even) layout, gathering
+    the uneven dimensions from every process's devices."""
+    if not asked:
+        return jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, buffers)
+    m, spec = meshes.lookup(asked[0]), meshes.decode_spec(asked[1])
+    padded = jax.make_array_from_single_device_arrays(_padded(m, spec, shape), m.sharding(spec), buffers)
+    return _cut(shape, arr.sharding)(padded)
+
+
+@functools.lru_cache(maxsize=64)
+def _cut(shape: tuple[int, ...], layout) -> Any:
+    """A program taking the first ``shape`` elements of a padded tensor, returned laid out as ``layout``."""
+    return jax.jit(lambda a: a[tuple(slice(0, n) for n in shape)], out_shardings=layout)
 
 
 def fsdp(module: torch.nn.Module, mesh: Mesh, axis: str = "fsdp") -> torch.nn.Module:

@@ -34,6 +34,20 @@ EAGER = "needs torch_xla.experimental.eager_mode (issue 17 point 4)"
 REASONS: tuple[tuple[str, str], ...] = (
     (r"No module named 'torchvision'", "needs torchvision (not installed)"),
     (r"No module named 'absl'", "needs absl-py (pip install absl-py)"),
+    (
+        r"xla_builder|_XLAC\.lowering|LoweringContext",
+        "needs torch_xla's HLO builder (core.xla_builder, _XLAC.lowering.LoweringContext: C++ bindings)",
+    ),
+    (
+        r"cannot import name 'plugins'|experimental\.plugins",
+        "needs a TPU through torch_xla.experimental.plugins (PJRT plugin binaries loaded by _XLAC.PjRtPlugin, "
+        "torch_xla._internal.tpu.TpuPlugin)",
+    ),
+    (
+        r"the replica groups must split the \d+ replicas",
+        "records a collective over replicas the run lacks (a patched world group) only to read its HLO text "
+        "(_XLAC); lazyxla checks replica groups when a collective is recorded",
+    ),
     (r"_XLAC", XLAC),
     (r"is not supported by lazyxla's torch_xla compatibility layer", "raises NotImplementedError in the layer"),
     (r"'_OpNamespace' 'xla'", "needs torch_xla's custom ops (torch.ops.xla.*)"),

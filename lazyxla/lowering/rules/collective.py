@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.shard_alike import shard_alike
 
 from lazyxla.device import meshes
 from lazyxla.lowering.registry import lowers
@@ -197,3 +198,9 @@ def _shard(ctx, x, mesh, spec):
     """A sharding annotation (lazyxla.spmd.mark_sharding on a pending value): a constraint for XLA."""
     layout = meshes.named_sharding(mesh, spec)
     return jax.lax.with_sharding_constraint(x, layout)
+
+
+@lowers(ops.shard_like.default)
+def _shard_like(ctx, x, like):
+    """``x`` in the layout of ``like`` (both are constrained to one layout, which XLA's propagation picks)."""
+    return shard_alike(x, like)[0]

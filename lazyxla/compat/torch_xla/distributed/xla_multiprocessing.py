@@ -30,6 +30,7 @@ from typing import Any
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, unsupported
+from lazyxla.compat.torch_xla.distributed import xla_backend  # noqa: F401  (see below)
 from lazyxla.config import foreign_env
 
 __all__ = ["MpModelWrapper", "MpSerialExecutor", "spawn"]

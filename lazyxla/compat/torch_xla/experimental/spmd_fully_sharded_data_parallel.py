@@ -9,10 +9,11 @@ out like them. Each device holds ``1/N`` of the parameters and of the optimizer 
 batch dimension by the user (``xs.mark_sharding(x, mesh, ('fsdp', None))`` or ``pl.MpDeviceLoader(...,
 input_sharding=xs.ShardingSpec(mesh, ('fsdp', None)))``).
 
-Differences from torch_xla: lazyxla does not pad (``lazyxla.spmd.mark_sharding``), so a parameter is split along
-its largest dimension that the ``'fsdp'`` axis divides (torch_xla pads the largest one) and one with no such
-dimension stays replicated; torch_xla's optimization barrier on each wrapped module's gradients (a hint against
-large fusions) has no lazyxla counterpart and is left out: it changes no value.
+Differences from torch_xla: a parameter is split along its largest dimension that the ``'fsdp'`` axis divides
+(torch_xla pads the largest one) and one with no such dimension stays replicated (lazyxla keeps an uneven layout
+only on the tensor it was put on: the optimizer's updates would come back replicated along it); torch_xla's
+optimization barrier on each wrapped module's gradients (a hint against large fusions) has no lazyxla counterpart
+and is left out: it changes no value.
 
 Example::
 

@@ -83,6 +83,21 @@ __all__ = [
 _state: dict[str, Any] = {"global_mesh": None}
 
 
+def _check_mesh(ids: np.ndarray, shape: tuple[int, ...], names: tuple | None) -> None:
+    """torch_xla's checks of a mesh, in its order and with its words; like torch_xla's (``assert`` statements),
+    they raise ``AssertionError``. (The ids are checked against the run's devices when the mesh is first used.)"""
+    if names is not None and len(names) != len(shape):
+        raise AssertionError(f"Number of axis names ({len(names)}) must match mesh dimensions ({len(shape)})")
+    if names is not None and len(set(names)) != len(names):
+        raise AssertionError(f"Axis names must be unique, got: {names}")
+    if len(ids) != int(np.prod(shape)):
+        raise AssertionError(f"Number of device IDs ({len(ids)}) must match mesh size ({int(np.prod(shape))})")
+    if len(np.unique(ids)) != len(ids):
+        raise AssertionError(f"Device IDs must be unique, got: {ids}")
+    if not all(0 <= int(d) < len(ids) for d in ids):
+        raise AssertionError(f"Device IDs must be less than mesh size ({len(ids)}), got: {ids}")
+
+
 class Mesh:
     """A logical device mesh: ``device_ids`` (a permutation of the run's device indices) laid out in C order
     as ``mesh_shape``, with optional ``axis_names``.
@@ -98,14 +113,7 @@ class Mesh:
         ids = np.asarray(device_ids).reshape(-1)
         shape = tuple(int(s) for s in mesh_shape)
         names = None if axis_names is None else tuple(axis_names)
-        if names is not None and len(names) != len(shape):
-            raise ValueError(f"Mesh: {len(shape)} mesh dimensions {shape} but {len(names)} axis names {names}")
-        if names is not None and len(set(names)) != len(names):
-            raise ValueError(f"Mesh: axis names must be distinct, got {names}")
-        if len(ids) != int(np.prod(shape)):
-            raise ValueError(f"Mesh: {len(ids)} device ids do not fill the mesh shape {shape}")
-        if len(np.unique(ids)) != len(ids) or not all(0 <= int(d) < len(ids) for d in ids):
-            raise ValueError(f"Mesh: device_ids must be a permutation of 0..{len(ids) - 1}, got {ids.tolist()}")
+        _check_mesh(ids, shape, names)
         self.device_ids = ids
         self.mesh_shape = shape
         self.axis_names = names

@@ -87,11 +87,12 @@ class XLAShard:
 
     @property
     def unpadded_data(self) -> torch.Tensor:
-        """``data`` without padding (lazyxla splits only evenly: the same tensor).
+        """``data`` without padding: the part ``indices`` names (``data`` is longer where the layout splits a
+        dimension unevenly: the last parts are padded, as in torch_xla).
 
         Example::
 
-            shard.unpadded_data.shape == shard.data.shape
+            shard.unpadded_data.shape == tuple(s.stop - s.start for s in shard.indices)
         """
         if self.indices is Ellipsis:
             return self.data
@@ -102,7 +103,11 @@ def _xla_shard(shard: lazyxla.spmd.Shard, replicated: bool) -> XLAShard:
     device = f"{platform_name()}:{shard.device}"
     if replicated:
         return XLAShard(shard.data, Ellipsis, device, shard.device)
-    return XLAShard(shard.data, list(shard.index), device, shard.replica_id)
+    data = shard.data
+    if shard.padded_shape and tuple(data.shape) != shard.padded_shape:  # torch_xla's parts carry XLA's padding
+        data = torch.zeros(shard.padded_shape, dtype=data.dtype)
+        data[tuple(slice(0, n) for n in shard.data.shape)] = shard.data
+    return XLAShard(data, list(shard.index), device, shard.replica_id)
 
 
 class XLAShardedTensor(DTensor):
@@ -165,7 +170,7 @@ class XLAShardedTensor(DTensor):
                 s.data.zero_()
             xt.load_local_shards_(shards)
         """
-        lazyxla.spmd.load_local_shards(self.global_tensor, [s.data for s in shards])
+        lazyxla.spmd.load_local_shards(self.global_tensor, [s.unpadded_data for s in shards])
         self.invalidate_spec_cache()
 
     @property

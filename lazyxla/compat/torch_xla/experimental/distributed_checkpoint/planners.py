@@ -203,7 +203,7 @@ class SPMDLoadPlanner(LoadPlanner):
         """Host copies of this process's parts of ``fqn`` (filled by the reads, then put on the devices)."""
         if fqn not in self._local_shards:
             self._local_shards[fqn] = self.sharded_state_dict[fqn].local_shards
-            self._pending_elements[fqn] = sum(s.data.numel() for s in self._local_shards[fqn])
+            self._pending_elements[fqn] = sum(s.unpadded_data.numel() for s in self._local_shards[fqn])
         return self._local_shards[fqn]
 
     def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
