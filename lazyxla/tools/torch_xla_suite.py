@@ -172,6 +172,10 @@ SETTINGS = {
         known="nll_loss with a float target: torch_xla accepts it, PyTorch (and lazyxla) raise"
     ),
     "test/pjrt/test_profiler.py": Setting(known="checks the trace names of torch_xla's C++ runtime"),
+    "test/eager/test_eager.py": Setting(
+        known="expects two programs for torch.randn in eager mode (torch_xla fills zeros, then draws); lazyxla draws "
+        "in one"
+    ),
     "test/test_mp_sync_batch_norm.py": Setting(known=reasons.XLA_DEVICE),  # `batch.device.type == 'xla'` picks the path
     # DebuggingSpmdTest's *_cpu cases expect the tables of 1 device ('CPU [0]': torch_xla's CPU CI), while
     # ConvertV2ShardingToV1Test needs 4 ("Requires at least 4 devices"; torch_xla runs it on TPUs): two runs
