@@ -5,7 +5,9 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 
 (a), (b) a training step of an MLP and of a small GPT, the frameworks' steps interleaved in rounds: jax.jit,
     eager, lazyxla (lazy mode) and lazyxla compiled (model + loss under torch.compile(backend="lazyxla"),
-    the optimizer in lazy mode), with each torch step's host time before the sync (recording);
+    the optimizer in lazy mode), with each torch step's host time before the sync (recording); each torch
+    framework in both loop idioms: ``zero_grad()`` after ``step()``, and first in the loop (", zero_grad first":
+    the gradients are alive at the sync);
 (c) time to the first step (tracing + compile) in a fresh process per framework and model, and for
     lazyxla also with a warm persistent compilation cache;
 (d) recording cost: a chain of tiny ops, µs per op (lazy mode, and the chain under torch.compile);
@@ -39,7 +41,8 @@ from benchmarks.child import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEPS_SHOWN = 5
-LAZY_FRAMEWORKS = ("lazyxla", "lazyxla compiled")  # the frameworks whose compiles per step are counted
+# the frameworks whose compiles per step are counted
+LAZY_FRAMEWORKS = tuple(fw for fw in S.FRAMEWORKS if fw.startswith("lazyxla"))
 # Idle OpenMP workers (PyTorch's) sleep instead of spinning: three runtimes share this process and the
 # cores, and spinning workers slowed the other runtimes' steps (and eager's own) several-fold on 2 cores.
 ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -231,6 +234,9 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
     result["lazyxla_timers"] = lazyxla.metrics.timers()
     comp = _compiles_summary(compiles["lazyxla"])
     comp["compiled"] = _compiles_summary(compiles["lazyxla compiled"])
+    comp["zero_grad_first"] = {
+        fw: _compiles_summary(compiles[fw]) for fw in LAZY_FRAMEWORKS if fw.endswith(S.ZERO_GRAD_FIRST)
+    }
     steps.clear()
     gc.collect()
     lazyxla.sync(wait=True)
@@ -295,6 +301,8 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
         "lazyxla compiled: model + loss under torch.compile(backend='lazyxla') (one forward and one backward IR "
         "op per step), optimizer in lazy mode.",
         "record ms: host time of a step before its sync (forward, backward, optimizer; eager computes meanwhile).",
+        f"'{S.ZERO_GRAD_FIRST[2:]}': opt.zero_grad() at the top of the loop (the gradients are alive at the sync); "
+        "without it, zero_grad() after opt.step().",
     ]
     if "compiled" in comp:
         c = comp["compiled"]
@@ -302,6 +310,9 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
             f"lazyxla compiled: compiles in steps 1..{len(c['first_steps'])}: {c['first_steps']}; "
             f"after step 2: {c['after_step_2']}"
         )
+    for fw, c in comp.get("zero_grad_first", {}).items():
+        shown = f"compiles in steps 1..{len(c['first_steps'])}: {c['first_steps']}"
+        notes.append(f"{fw}: {shown}; after step 2: {c['after_step_2']}")
     title = (
         f"({tag}) {res['description']}\n"
         f"    {res['steps']} measured steps per framework after {res['warmup']} warm-up, interleaved; "

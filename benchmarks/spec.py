@@ -14,7 +14,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-FRAMEWORKS = ("jax.jit", "eager", "lazyxla", "lazyxla compiled")
+# A torch framework's name alone: ``opt.zero_grad()`` after ``opt.step()``; with ZERO_GRAD_FIRST appended, the
+# idiom most PyTorch code uses: ``opt.zero_grad()`` at the top of the loop (the gradients are alive at the sync).
+ZERO_GRAD_FIRST = ", zero_grad first"
+FRAMEWORKS = (
+    "jax.jit",
+    "eager",
+    "eager" + ZERO_GRAD_FIRST,
+    "lazyxla",
+    "lazyxla" + ZERO_GRAD_FIRST,
+    "lazyxla compiled",
+    "lazyxla compiled" + ZERO_GRAD_FIRST,
+)
 # lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
 MODELS = ("mlp", "gpt")
 
@@ -153,8 +164,9 @@ def make_step(framework: str, model: str, spec: MLPSpec | GPTSpec) -> Callable[[
     """A training step of ``model`` in ``framework``: each call runs one step, syncs and returns the loss.
 
     Imports only what ``framework`` needs (jax for 'jax.jit'; torch, plus lazyxla for 'lazyxla' and
-    'lazyxla compiled'). A torch step also keeps, as ``step.record_s``, the seconds its last call spent
-    before the sync (recording for lazyxla; the whole computation for eager).
+    'lazyxla compiled'); a torch framework's name may end in ``ZERO_GRAD_FIRST`` (the loop's idiom). A torch
+    step also keeps, as ``step.record_s``, the seconds its last call spent before the sync (recording for
+    lazyxla; the whole computation for eager).
     """
     if framework == "jax.jit":
         from benchmarks import jax_models
@@ -162,4 +174,5 @@ def make_step(framework: str, model: str, spec: MLPSpec | GPTSpec) -> Callable[[
         return jax_models.make_step(model, spec)
     from benchmarks import torch_models
 
-    return torch_models.make_step(model, spec, framework)
+    base = framework.removesuffix(ZERO_GRAD_FIRST)
+    return torch_models.make_step(model, spec, base, zero_grad_first=base != framework)

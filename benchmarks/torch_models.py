@@ -72,13 +72,15 @@ def _device(framework: str) -> torch.device:
     raise ValueError(f"not a torch framework: {framework!r}")
 
 
-def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
+def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_first: bool = False):
     """``(record, sync)`` for ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or
     'lazyxla compiled').
 
     ``record()`` runs forward, backward, the optimizer step and ``zero_grad`` and returns the loss
-    tensor (unread); ``sync`` is ``lazyxla.sync`` (a no-op for eager). Parameters and the batch come
-    from :mod:`benchmarks.spec` and are on the device when this returns (for lazyxla, waited for).
+    tensor (unread); ``zero_grad_first``: ``zero_grad`` comes first instead of last (the gradients are then
+    alive at the sync, as in most PyTorch training loops); ``sync`` is ``lazyxla.sync`` (a no-op for eager).
+    Parameters and the batch come from :mod:`benchmarks.spec` and are on the device when this returns (for
+    lazyxla, waited for).
     'lazyxla compiled' runs model + loss as ``torch.compile(..., backend="lazyxla")`` (one forward and
     one backward IR op per step); the optimizer step stays in lazy mode.
     """
@@ -110,20 +112,25 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str):
         forward = torch.compile(forward, backend="lazyxla")
 
     def record() -> torch.Tensor:
+        if zero_grad_first:
+            opt.zero_grad()
         loss = forward(x, y)
         loss.backward()
         opt.step()
-        opt.zero_grad()
+        if not zero_grad_first:
+            opt.zero_grad()
         return loss
 
     return record, sync
 
 
-def make_step(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str) -> Callable[[], float]:
+def make_step(
+    model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_first: bool = False
+) -> Callable[[], float]:
     """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or 'lazyxla
     compiled'): forward, backward, the optimizer step, ``lazyxla.sync()`` on lazyxla; returns
     ``loss.item()``. ``step.record_s``: the seconds the last call spent before the sync."""
-    record, sync = setup(model, spec, framework)
+    record, sync = setup(model, spec, framework, zero_grad_first)
 
     def step() -> float:
         start = time.perf_counter()

@@ -17,7 +17,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
-TRAINING_FRAMEWORKS = (*FRAMEWORKS, "lazyxla compiled")  # (a), (b): also torch.compile(backend="lazyxla")
+# (a), (b): also torch.compile(backend="lazyxla"), and every torch framework with zero_grad() first in the loop
+TRAINING_FRAMEWORKS = (
+    *FRAMEWORKS,
+    "lazyxla compiled",
+    *(fw + ", zero_grad first" for fw in ("eager", "lazyxla", "lazyxla compiled")),
+)
 MODELS = ("mlp", "gpt")
 
 
@@ -80,6 +85,8 @@ def test_compiles_per_step(results, model):
     assert comp["per_step"][0] >= 1  # the first step compiles
     assert comp["after_step_2"] == sum(comp["per_step"][2:]) == 0
     assert comp["compiled"]["per_step"][0] >= 1 and comp["compiled"]["after_step_2"] == 0
+    for fw in ("lazyxla, zero_grad first", "lazyxla compiled, zero_grad first"):  # the other idiom: as stable
+        assert comp["zero_grad_first"][fw]["after_step_2"] == 0, comp["zero_grad_first"]
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -15,6 +15,7 @@ from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
+from lazyxla.lazy import rebase
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
 from lazyxla.lowering import cache
@@ -363,7 +364,9 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         _left_pending.clear()
         if pending:
             site = diagnostics.note_sync(reason)
-            _run_groups(pending, set(), f"{reason} at {site}", report)
+            pending, derived, keep = rebase.split(pending)  # a view's base is not an output too: lazy/rebase.py
+            _run_groups(pending, keep, f"{reason} at {site}", report)
+            rebase.rederive(derived)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
