@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 
 import jax
@@ -85,6 +86,7 @@ def adamw(p: Params, g: Params, m: Params, v: Params, step: jax.Array, lr=1e-3, 
 def make_step(model: str, spec: S.MLPSpec | S.GPTSpec) -> Callable[[], float]:
     """A jitted training step of ``model`` ('mlp' or 'gpt'); each call runs one step and returns ``float(loss)``.
 
+    ``step.host_s``: the CPU seconds the last call's dispatch took (its thread's, before reading the loss).
     Parameters, optimizer state and the batch are device arrays when this returns; the step count of
     AdamW is an argument, so every step runs the same compiled program. Parameters and optimizer state
     are donated to the step, as a jax training loop would (lazyxla donates them too).
@@ -104,7 +106,9 @@ def make_step(model: str, spec: S.MLPSpec | S.GPTSpec) -> Callable[[], float]:
         x, y = (jnp.asarray(a) for a in batch)
 
         def step() -> float:
+            cpu = time.thread_time()
             state["p"], state["buf"], loss = train(state["p"], state["buf"], x, y)
+            step.host_s = time.thread_time() - cpu
             return float(loss)
 
         def program():
@@ -127,9 +131,11 @@ def make_step(model: str, spec: S.MLPSpec | S.GPTSpec) -> Callable[[], float]:
         idx, target = (jnp.asarray(a) for a in batch)
 
         def step() -> float:
+            cpu = time.thread_time()
             state["p"], state["m"], state["v"], state["count"], loss = train(
                 state["p"], state["m"], state["v"], state["count"], idx, target
             )
+            step.host_s = time.thread_time() - cpu
             return float(loss)
 
         def program():

@@ -193,6 +193,7 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
     losses: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
     times: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
     records: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
+    hosts: dict[str, list[float]] = {fw: [] for fw in S.FRAMEWORKS}
 
     def call(fw: str) -> float:
         before = lazyxla.metrics.counters()["compiles"]
@@ -213,6 +214,7 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
             recorded = getattr(steps[fw], "record_s", None)
             if recorded is not None:
                 records[fw].append(recorded)
+            hosts[fw].append(steps[fw].host_s)
     counters = lazyxla.metrics.counters()
     result: dict[str, Any] = {
         "description": spec.describe(),
@@ -228,12 +230,15 @@ def training(model: str, settings: S.Settings) -> tuple[dict, dict]:
         row["ratio_to_jax"] = R.ratio(row["median_ms"], floor)
         row["ratio_to_lazyxla"] = R.ratio(row["median_ms"], lazy)
         row["record"] = R.summary(records[fw]) if records[fw] else None  # host time before the sync
+        row["host"] = R.summary(hosts[fw])  # the step's thread CPU time before its loss is read
         row["first_loss"], row["last_loss"] = losses[fw][0], losses[fw][-1]
         result["frameworks"][fw] = row
     result["lazyxla_fallbacks"] = {k: v for k, v in counters.items() if k.startswith("fallback.")}
     result["lazyxla_timers"] = lazyxla.metrics.timers()
     comp = _compiles_summary(compiles["lazyxla"])
     comp["compiled"] = _compiles_summary(compiles["lazyxla compiled"])
+    comp["captured"] = _compiles_summary(compiles["lazyxla captured"])
+    comp["replays"] = counters.get("capture_replays", 0)
     comp["zero_grad_first"] = {
         fw: _compiles_summary(compiles[fw]) for fw in LAZY_FRAMEWORKS if fw.endswith(S.ZERO_GRAD_FIRST)
     }
@@ -292,8 +297,9 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
     for fw, r in res["frameworks"].items():
         rng = R.fmt_range(r["min_ms"], r["max_ms"])
         record = (r.get("record") or {}).get("median_ms")
+        host = (r.get("host") or {}).get("median_ms")
         cells = [fw, R.fmt(r["median_ms"]), rng, R.fmt(r["ratio_to_jax"]), R.fmt(r.get("ratio_to_lazyxla"))]
-        rows.append([*cells, R.fmt(record), R.fmt(r["last_loss"], 5)])
+        rows.append([*cells, R.fmt(record), R.fmt(host), R.fmt(r["last_loss"], 5)])
     fallbacks = ", ".join(f"{k}={v}" for k, v in res["lazyxla_fallbacks"].items()) or "none"
     notes = [
         f"lazyxla compiles in steps 1..{len(comp['first_steps'])}: {comp['first_steps']}; "
@@ -301,6 +307,10 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
         "lazyxla compiled: model + loss under torch.compile(backend='lazyxla') (one forward and one backward IR "
         "op per step), optimizer in lazy mode.",
         "record ms: host time of a step before its sync (forward, backward, optimizer; eager computes meanwhile).",
+        "host ms per warm step: CPU time of the step's thread until its loss is read (recording, sync and dispatch;"
+        " jax.jit: its dispatch; eager: its computation) - on an accelerator, the host's part of a step.",
+        "lazyxla captured: the whole step under lazyxla.compile(capture=True), replayed once verified (AdamW made "
+        "capturable, as torch.compile does).",
         f"'{S.ZERO_GRAD_FIRST[2:]}': opt.zero_grad() at the top of the loop (the gradients are alive at the sync); "
         "without it, zero_grad() after opt.step().",
     ]
@@ -318,7 +328,7 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
         f"    {res['steps']} measured steps per framework after {res['warmup']} warm-up, interleaved; "
         "each step synced and its loss read"
     )
-    header = ["framework", "median ms", "min–max ms", "x jax.jit", "x lazyxla", "record ms", "loss at end"]
+    header = ["framework", "median ms", "min–max ms", "x jax.jit", "x lazyxla", "record ms", "host ms", "loss at end"]
     return R.table(title, header, rows, notes)
 
 

@@ -25,8 +25,11 @@ FRAMEWORKS = (
     "lazyxla" + ZERO_GRAD_FIRST,
     "lazyxla compiled",
     "lazyxla compiled" + ZERO_GRAD_FIRST,
+    "lazyxla captured",
+    "lazyxla captured" + ZERO_GRAD_FIRST,
 )
 # lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
+# lazyxla captured: the whole step under lazyxla.compile(capture=True) (warm steps replayed without recording)
 MODELS = ("mlp", "gpt")
 
 
@@ -166,7 +169,8 @@ def make_step(framework: str, model: str, spec: MLPSpec | GPTSpec) -> Callable[[
     Imports only what ``framework`` needs (jax for 'jax.jit'; torch, plus lazyxla for 'lazyxla' and
     'lazyxla compiled'); a torch framework's name may end in ``ZERO_GRAD_FIRST`` (the loop's idiom). A torch
     step also keeps, as ``step.record_s``, the seconds its last call spent before the sync (recording for
-    lazyxla; the whole computation for eager).
+    lazyxla; the whole computation for eager). Every step keeps, as ``step.host_s``, the CPU seconds its thread
+    spent in the last call before reading the loss (recording and dispatch; for eager, the computation).
     """
     if framework == "jax.jit":
         from benchmarks import jax_models

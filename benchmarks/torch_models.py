@@ -65,7 +65,7 @@ def _mlp(spec: S.MLPSpec) -> nn.Module:
 def _device(framework: str) -> torch.device:
     if framework == "eager":
         return torch.device("cpu")
-    if framework in ("lazyxla", "lazyxla compiled"):
+    if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
         import lazyxla
 
         return lazyxla.device()
@@ -82,7 +82,9 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_fir
     Parameters and the batch come from :mod:`benchmarks.spec` and are on the device when this returns (for
     lazyxla, waited for).
     'lazyxla compiled' runs model + loss as ``torch.compile(..., backend="lazyxla")`` (one forward and
-    one backward IR op per step); the optimizer step stays in lazy mode.
+    one backward IR op per step); the optimizer step stays in lazy mode. 'lazyxla captured' runs the whole step
+    under ``lazyxla.compile(capture=True)``: from its third or fourth call on, replayed without recording (its
+    AdamW becomes ``capturable``, as under torch.compile).
     """
     dev = _device(framework)
     if model == "mlp":
@@ -101,7 +103,7 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_fir
     x, y = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
     sync = lambda: None
     forward = lambda a, b: loss_fn(net(a), b)
-    if framework in ("lazyxla", "lazyxla compiled"):
+    if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
         import lazyxla
 
         sync = lazyxla.sync
@@ -121,6 +123,8 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_fir
             opt.zero_grad()
         return loss
 
+    if framework == "lazyxla captured":  # the step syncs itself: recorded, or replayed once verified
+        record, sync = lazyxla.compile(record, capture=True), lambda: None
     return record, sync
 
 
@@ -133,11 +137,12 @@ def make_step(
     record, sync = setup(model, spec, framework, zero_grad_first)
 
     def step() -> float:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         loss = record()
         step.record_s = time.perf_counter() - start
         sync()
+        step.host_s = time.thread_time() - cpu
         return loss.item()
 
-    step.record_s = None
+    step.record_s = step.host_s = None
     return step

@@ -110,13 +110,52 @@ disabled_torch_function_impl = _C._disabled_torch_function_impl
 to_functional = torch._to_functional_tensor
 from_functional = torch._from_functional_tensor
 is_functional = torch._is_functional_tensor
-functional_sync = torch._sync  # applies a wrapper's pending view updates before its inner tensor is read
+# applies a wrapper's pending view updates before its inner tensor is read. The C++ function itself:
+# ``torch._sync`` wraps it in Python for ``FunctionalTensor`` (torch.compile's tracing subclass), which
+# lazyxla tensors never are (``is_functional`` is False for it), at ~3 us per call (an import, a mode swap)
+functional_sync = torch._functionalize_sync
 # autograd's symbolic zeros have no storage: a transfer to the device makes real ones
 is_zerotensor = torch.Tensor._is_zerotensor
 # fake tensors (torch.compile's tracing) have no values: printing leaves them to PyTorch
 is_fake = fake_tensor.is_fake
 # fused optimizer steps copy each new list of tensors into the list it replaces
 foreach_copy_ = torch._foreach_copy_
+
+
+# a replayed step (lazy/capture.py) gives a tensor its new value as an in-place op does, per tensor of the step
+functional_replace = torch._functionalize_replace
+functional_commit_update = torch._functionalize_commit_update
+
+
+def module_parameters(m: torch.nn.Module) -> dict:
+    """The module's own parameters dict, by name (``m._parameters``: a whole-step capture guards and reads it
+    per call, where ``named_parameters`` would cost a generator per module).
+
+    Example::
+
+        module_parameters(nn.Linear(2, 3)).keys()     # dict_keys(['weight', 'bias'])
+    """
+    return m._parameters
+
+
+def module_buffers(m: torch.nn.Module) -> dict:
+    """The module's own buffers dict, by name (``m._buffers``; a buffer may be None).
+
+    Example::
+
+        module_buffers(nn.BatchNorm1d(3)).keys()     # running_mean, running_var, num_batches_tracked
+    """
+    return m._buffers
+
+
+def module_hook_count(m: torch.nn.Module) -> int:
+    """How many forward, forward-pre and backward hooks the module has (a captured step's guard).
+
+    Example::
+
+        module_hook_count(nn.Linear(2, 3))    # 0
+    """
+    return len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
 
 
 def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:

@@ -21,7 +21,8 @@ FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
 TRAINING_FRAMEWORKS = (
     *FRAMEWORKS,
     "lazyxla compiled",
-    *(fw + ", zero_grad first" for fw in ("eager", "lazyxla", "lazyxla compiled")),
+    "lazyxla captured",
+    *(fw + ", zero_grad first" for fw in ("eager", "lazyxla", "lazyxla compiled", "lazyxla captured")),
 )
 MODELS = ("mlp", "gpt")
 
@@ -70,6 +71,7 @@ def test_training_steps(results, model):
         _stats(row, "ms")
         if fw != "jax.jit":
             _stats(row["record"], "ms")  # host time before the sync
+        _stats(row["host"], "ms")  # host ms per warm step, for every mode
         assert row["samples"] == res["steps"] >= 1
         assert _positive(row["ratio_to_jax"]), fw
         assert _positive(row["last_loss"]), fw
@@ -85,6 +87,7 @@ def test_compiles_per_step(results, model):
     assert comp["per_step"][0] >= 1  # the first step compiles
     assert comp["after_step_2"] == sum(comp["per_step"][2:]) == 0
     assert comp["compiled"]["per_step"][0] >= 1 and comp["compiled"]["after_step_2"] == 0
+    assert comp["captured"]["after_step_2"] == 0 and comp["replays"] >= 1  # whole-step capture replays
     for fw in ("lazyxla, zero_grad first", "lazyxla compiled, zero_grad first"):  # the other idiom: as stable
         assert comp["zero_grad_first"][fw]["after_step_2"] == 0, comp["zero_grad_first"]
 

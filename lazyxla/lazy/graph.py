@@ -14,7 +14,7 @@ from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
-from lazyxla.ir import Leaf, digest, leaf, raise_if_error, wiring
+from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, wiring
 from lazyxla.lazy import rebase
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
@@ -98,7 +98,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         built_s = time.perf_counter() - started
         if missed and config.dump_dir:
             _dump(key, order, leaves, roots, device)
-        args = _arguments(compiled, leaves, device)
+        args = arguments(compiled, leaves, device)
     except BaseException:
         # Lowering, compiling or the argument check failed: nothing ran, so nothing changes. Every tensor
         # keeps its recorded value; the tensors that need a failing op raise again when read, and once the
@@ -106,10 +106,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         tensors = None  # noqa: F841  (the traceback keeps this frame: it must not keep the tensors alive)
         raise
     try:
-        with metrics.timer("execute"), x64():
-            outs = compiled.executable(*args)
-        if compiled.replicas is not None:
-            outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
+        outs = launch(compiled, args, roots)
     except BaseException as e:
         _failed_while_running(tensors, order, leaves, compiled, e, device)
         tensors = args = None  # noqa: F841  (as above)
@@ -120,7 +117,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     donated = sum(_nbytes(leaves[i].avals[0]) for i in compiled.donated)
     report.programs.append(
         ProgramReport(
-            graph=_graph_id(key),
+            graph=graph_id(key),
             compiled=missed,
             build_ms=built_s * 1e3 if missed else 0.0,
             nodes=len(order),
@@ -132,24 +129,70 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     )
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
-    new = {}
     made_by = f"an output of graph {report.programs[-1].graph}"  # names the buffers' origin in errors
-    for (m, i), arr in zip(roots, outs):
-        out = leaf(Leaf.DATA, arr, m.avals[i], device)
-        out.source = made_by
-        if compiled.spmd and (uneven := uneven_constraint(m)):  # its buffer has the even layout: remember this one
-            ask(out, *uneven)
-        new[(id(m), i)] = (out, 0)
+    made = output_leaves(compiled, outputs_of(roots, compiled), outs, device, made_by)
+    new = {(id(m), i): (out, 0) for (m, i), out in zip(roots, made)}
     for t in tensors:
         t._value = new[(id(t._value[0]), t._value[1])]
+    for observe in observers:
+        observe(Ran(key, compiled, leaves, roots, made, device))
 
 
-def _arguments(compiled, leaves, device: int) -> list:
+def launch(compiled, args: list, roots: list) -> list:
+    """Run a compiled program on its checked arguments; its output arrays, one per root (this process's)."""
+    with metrics.timer("execute"), x64():
+        outs = compiled.executable(*args)
+    if compiled.replicas is not None:
+        outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
+    return outs
+
+
+def outputs_of(roots: list, compiled) -> list[tuple]:
+    """What ``output_leaves`` needs of each root: its aval, its device-data leaf's hash, and in SPMD its uneven
+    layout (or None)."""
+    return [
+        (m.avals[i], op_hash(Leaf.DATA, m.avals[i], m.device), uneven_constraint(m) if compiled.spmd else None)
+        for m, i in roots
+    ]
+
+
+def output_leaves(compiled, outputs: list[tuple], outs: list, device: int, made_by: str) -> list:
+    """Device-data leaves for a program's output arrays (``outputs``: from ``outputs_of``); ``made_by`` names
+    them in errors."""
+    made = []
+    for (aval, h, uneven), arr in zip(outputs, outs):
+        out = Node(Leaf.DATA, (), None, (aval,), h, arr, device)  # (ir.leaf, with the hash computed once)
+        out.source = made_by
+        if uneven:  # its buffer has the even layout: remember this one
+            ask(out, *uneven)
+        made.append(out)
+    return made
+
+
+@dataclasses.dataclass
+class Ran:
+    """A program a sync ran, as ``observers`` see it: its cache key, the compiled program, the leaves it read
+    (donated ones now without payload), its roots and the device-data leaves it made for them (in roots' order)."""
+
+    key: tuple
+    compiled: object
+    leaves: list
+    roots: list
+    made: list
+    device: int
+
+
+# Called with a ``Ran`` after each program a sync runs (whole-step capture, ``lazy/capture.py``, watches the
+# programs of the steps it records). Empty unless a capture is recording.
+observers: list = []
+
+
+def arguments(compiled, leaves, device: int) -> list:
     """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA).
     The packed scalars and RNG keys go with the call on one device (jax copies them; counted, not timed apart),
     and are copied to every device first in SPMD mode (the same values in every process)."""
     layout = compiled.layout
-    args = layout.arguments([_arg(leaves[i]) for i in layout.data], leaves)
+    args = layout.arguments([payload_of(leaves[i]) for i in layout.data], leaves)
     n = len(layout.data)
     if compiled.replicas is not None:
         args = compiled.replicas.globalize(args)
@@ -221,7 +264,7 @@ def _nbytes(aval) -> int:
     return math.prod(aval.shape) * aval.dtype.itemsize
 
 
-def _graph_id(key) -> str:
+def graph_id(key) -> str:
     """A short name for a program: 16 hex digits of its cache key's hash (stable within a process)."""
     return f"{hash(key) & 0xFFFFFFFFFFFFFFFF:016x}"
 
@@ -230,7 +273,7 @@ def _dump(key, order, leaves, roots, device) -> None:
     """``config.dump_dir``: write the program's StableHLO and lazy IR, named by its graph id."""
     folder = os.path.expanduser(config.dump_dir)
     os.makedirs(folder, exist_ok=True)
-    name = os.path.join(folder, _graph_id(key))
+    name = os.path.join(folder, graph_id(key))
     texts = {
         ".stablehlo.mlir": cache.lower(order, leaves, roots, device).as_text(),
         ".ir.txt": ir_text(order, leaves, roots),
@@ -301,7 +344,7 @@ class SyncReport:
         return "\n".join(lines)
 
 
-def _arg(n):
+def payload_of(n):
     """A data leaf's device array (scalars and RNG keys travel packed: see ``to_jax.ArgLayout``)."""
     raise_if_error(n)
     if n.payload is None:

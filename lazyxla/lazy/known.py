@@ -73,6 +73,20 @@ _NEVER = frozenset(
 )
 
 
+def forget(n: Node) -> None:
+    """Drop device data ``n``'s CPU copy, putting the value on the device first: ops on it are then recorded as
+    device ops. A captured step (lazy/capture.py) does this for the tensors it reads, whose values a replay
+    takes from the device: ops on a batch's token ids computed on the host would be host values a replay has not.
+
+    Example::
+
+        forget(unwrap(ids)._value[0])
+    """
+    if n.host is not None:
+        n.payload  # noqa: B018  (the property puts the value on the device)
+        n.host = None
+
+
 def host_value(t) -> torch.Tensor | None:
     """The CPU copy of a LazyTensor's value, if the host knows it; else None.
 

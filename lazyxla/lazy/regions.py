@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lazyxla.lazy import eager
+from lazyxla.lazy.capture import StepCapture
 from lazyxla.lazy.graph import sync
 from lazyxla.observe import diagnostics
 from lazyxla.observe.diagnostics import CompileRegionError
@@ -35,11 +36,24 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
     region (default: the function's qualified name, or the ``with`` statement's line). In eager mode
     (``lazyxla.eager_mode``) the region is still one program: eager mode is off inside it.
 
+    ``capture=True`` (a function only): whole-step capture. Once two recorded calls from the same state have
+    given the same program with the same numbers, a call from that state is *replayed*: guards are checked, the
+    cached program runs on the current buffers and its results are put where recording would put them, without
+    running the function's Python (``lazyxla/lazy/capture.py`` says what is guarded and what is not replayed).
+    Optimizers that offer ``capturable`` are switched to it, as ``torch.compile`` does. ``capture_status``
+    says whether calls are replayed, or why not.
+
     Example::
 
         with lazyxla.compile(full_graph=True):
             loss = model(x).sum()
             loss.backward()
+
+        @lazyxla.compile(capture=True)
+        def train_step(x, y):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
     """
 
     def __init__(
@@ -49,6 +63,7 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         full_graph: bool = False,
         max_different_graphs: int | None = None,
         name: str | None = None,
+        capture: bool = False,
     ) -> None:
         if max_different_graphs is not None and max_different_graphs < 1:
             raise ValueError(f"lazyxla.compile: max_different_graphs must be at least 1, got {max_different_graphs}")
@@ -57,13 +72,32 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         self.max_graphs = max_different_graphs
         self.name = name or (getattr(fn, "__qualname__", None) if fn is not None else None)
         self._active: list[tuple[diagnostics.Region, contextlib.AbstractContextManager]] = []
+        self.capture = capture
+        self._capture = None
         if fn is not None:
             functools.update_wrapper(self, fn)
+            if capture:
+                self._capture = StepCapture(fn)
+
+    @property
+    def capture_status(self) -> str:
+        """With ``capture=True``: whether calls are replayed, or why the last recorded call cannot be.
+
+        Example::
+
+            print(train_step.capture_status)    # 'replaying', or 'recorded, not captured: <why>'
+        """
+        if self._capture is None:
+            raise ValueError("capture_status: this lazyxla.compile function was made without capture=True")
+        return self._capture.status
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn is None:  # @lazyxla.compile(...) with options: wrap the function
             (fn,) = args
-            return compile(fn, full_graph=self.full_graph, max_different_graphs=self.max_graphs, name=self.name)
+            options = {"full_graph": self.full_graph, "max_different_graphs": self.max_graphs, "name": self.name}
+            return compile(fn, capture=self.capture, **options)
+        if self._capture is not None:
+            return self._capture(self, args, kwargs)
         with self:
             return self.fn(*args, **kwargs)
 

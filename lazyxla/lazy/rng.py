@@ -29,11 +29,23 @@ def set_state(state: tuple[int, int]) -> None:
 
 
 def next_key_leaf(device: int):
+    counter = _state["counter"]
+    _state["counter"] = counter + 1
+    return key_leaf(counter, device)
+
+
+def key_leaf(counter: int, device: int):
+    """The key leaf of the random op numbered ``counter`` in the current seed's stream (``next_key_leaf``
+    draws them in order; a replayed step (``lazy/capture.py``) draws the ones its program takes at once)."""
     global _KEY_AVAL
     if _KEY_AVAL is None:
         _KEY_AVAL = Aval((2,), torch.uint32)
-    seed, counter = _state["seed"], _state["counter"]
-    _state["counter"] = counter + 1
+    seed = _state["seed"]
     mixed = (seed ^ (seed >> 32)) & 0xFFFFFFFF
     data = np.array([mixed, counter & 0xFFFFFFFF], dtype=np.uint32)
     return leaf(Leaf.RNG, data, _KEY_AVAL, device)
+
+
+def advance(n: int) -> None:
+    """Skip ``n`` keys of the stream, as ``n`` random ops recorded would."""
+    _state["counter"] += n

@@ -25,6 +25,9 @@ _functional_sync = torch_private.functional_sync
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
 # (A list of weakrefs costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans.)
 _live: list = []
+# How many LazyTensors were ever made (one item, read by a replayed step: when none was made since its last
+# replay, no new value can hold or read the buffers it takes over; lazy/capture.py)
+made = [0]
 
 
 class LazyTensor(torch.Tensor):
@@ -39,6 +42,7 @@ class LazyTensor(torch.Tensor):
         t._value = value
         t._aval = aval
         _live.append(weakref.ref(t))
+        made[0] += 1
         return t
 
     __torch_function__ = torch_private.disabled_torch_function_impl

@@ -96,6 +96,11 @@ class Compiled:
             if not _fits(a, *expect[k]):
                 raise ProgramInputError(self._mismatch(k, a, leaves))
 
+    def check_argument(self, k: int, a, leaves: list) -> None:
+        """``check_arguments`` for argument ``k`` alone (a replayed step checks the buffers it did not make)."""
+        if not _fits(a, *self.expect[k]):
+            raise ProgramInputError(self._mismatch(k, a, leaves))
+
     def _mismatch(self, k: int, a, leaves: list) -> str:
         shape, dtype, sharding = self.expect[k]
         data = self.layout.data

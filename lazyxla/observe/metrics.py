@@ -36,6 +36,11 @@ def inc(name: str, n: int = 1) -> None:
     _counters[name] += n
 
 
+def count(name: str) -> int:
+    """One counter's value (``counters()`` copies them all)."""
+    return _counters[name]
+
+
 _annotate = [False]  # lazyxla.profiler.trace is running: timers also mark the profile
 
 

@@ -1,0 +1,593 @@
+"""Whole-step capture: ``lazyxla.compile(step, capture=True)`` runs a warm step without running its Python.
+
+Example::
+
+    @lazyxla.compile(capture=True)
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for x, y in loader:                  # device tensors
+        loss = train_step(x, y)          # from the third call on: guards, then one program, no recording
+
+Why
+---
+Recording a step costs host time in proportion to its ops (a small GPT: ~30 ms of Python per step), while an
+accelerator computes it in a few milliseconds. A warm step's recorded graph is nearly always the previous one,
+so recording it again only finds the same program. Capture records the step as lazy mode does, learns from the
+recording where each program input comes from and where each result goes, and then *replays*: it reads the
+inputs' device buffers, runs the cached program and puts the results where recording would have.
+
+How a step becomes replayable (``StepCapture``)
+-----------------------------------------------
+Every call that is not replayed is recorded, in a ``lazyxla.compile`` region (sync before and after). While it
+runs, PyTorch's global hooks name the modules it calls and the optimizers it steps: its *world*. From the next
+recorded call on, the world's tensor *locations* are known: the arguments, each parameter and its ``.grad``, the
+modules' buffers and tensor attributes, and each optimizer state entry. A recorded call then yields a
+*candidate* (``_build``): the program its closing sync ran, which location each program input was read from,
+which location each result was put in (the same tensor changed in place, a new tensor, or ``None``), the Python
+numbers the program takes, the random keys it draws, and the *guards*: what the call started from (argument
+shapes, dtypes and numbers; grad mode, autocast, config; each module's ``training`` flag, parameters, buffers
+and hooks; each optimizer's hyperparameters, parameters and state entries, with the values of CPU numbers in
+its state; which parameters had a gradient; the numbers the step function reads from its closure and globals).
+
+A candidate equal in everything to the previous recorded call's is *verified*: two recordings from the same
+guards gave the same program with the same numbers, so the step's Python computed nothing that changes from
+call to call. From then on a call whose guards equal the verified ones is replayed (``_Entry.replay``); one
+whose guards differ is recorded, which counts ``capture_guard_misses``, and may become a second entry.
+
+What stops a call from being captured (the reason is in ``.capture_status``, counted as ``capture_refusals``):
+a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
+a known location (a tensor in a closure: make it a buffer or an argument), a result kept anywhere else, a CPU
+tensor argument, a multi-process run. Python numbers that change every call (a CPU step counter, a per-step
+learning rate) make every candidate differ, so such steps are recorded every time: correct, not faster.
+
+Optimizers: as ``torch.compile`` does for an optimizer step it compiles, optimizers that offer ``capturable``
+are switched to ``capturable=True`` (their step counters move to the device), so their bias corrections are
+device math rather than Python numbers that change every step. A lazy-mode run with ``capturable=True`` computes
+exactly what a replayed step does.
+
+Not replayed: the step's Python side effects (prints, counters, appends) happen in recorded calls only, as
+in ``jax.jit``; returned tensors carry no autograd history; values the step reads from other Python objects
+than those guarded (an attribute of an object that is not a module, a module not called through ``forward``)
+must not change the program between calls — a change there is seen only at the next recorded call.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+import weakref
+
+import numpy as np
+import torch
+import torch.nn.modules.module as torch_module
+import torch.optim.optimizer as torch_optimizer
+
+from lazyxla import torch_private
+from lazyxla.device import devices, processes
+from lazyxla.ir import Leaf, leaf
+from lazyxla.lazy import graph, known, rng, tensor
+from lazyxla.lazy.step_world import NUMBERS, NotCapturable, World, flatten, is_lazyxla, make_capturable, unflatten
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.observe import metrics
+
+_replace = torch_private.functional_replace
+_commit = torch_private.functional_commit_update
+_sync = torch_private.functional_sync
+_from_functional = torch_private.from_functional
+_DATA = Leaf.DATA
+MISS = object()  # a replay that did not happen (an input or a buffer check failed): the call is recorded instead
+_NO_CACHE = collections.defaultdict(lambda: None)  # (no input is known to be where the last replay put it)
+_SAME, _NEW, _NONE = "same", "new", "none"  # how a location's tensor changes in a step
+_MAX_ENTRIES = 8  # verified steps kept per function (e.g. train and eval), oldest dropped first
+_MAX_CONSTANT_BYTES = 1 << 20  # a tensor made inside the step from host values is compared between calls up to this
+
+
+# ---- recorded calls ------------------------------------------------------------------------------------------
+
+
+def _none():
+    return None
+
+
+def _ref(v):
+    """A weak reference to ``v`` (a call returns None when ``v`` is None or gone)."""
+    return _none if v is None else weakref.ref(v)
+
+
+class _Start:
+    """What a recorded call started from: each location's tensor, and which location holds each device buffer."""
+
+    def __init__(self, world: World, flat: list, spec, fn) -> None:
+        for i, v in enumerate(flat):
+            if isinstance(v, torch.Tensor) and not is_lazyxla(v):
+                raise NotCapturable(f"argument tensor {i} is on {v.device}: pass lazyxla tensors to a captured step")
+        self.guards = world.guards(flat, spec, fn)
+        self.locations = world.locations(flat)
+        # each location's tensor, weakly: a snapshot must not keep a tensor the step drops alive (zero_grad's
+        # gradients would be held through the step's sync, and change its program)
+        self.objects = {name: _ref(loc.get(flat)) for name, loc in self.locations.items()}
+        self.present = {name for name, ref in self.objects.items() if ref is not _none}
+        self.named: dict[int, tuple] = {}  # id(device-data node) -> the location it was read from
+        self.nodes = []  # keeps those nodes alive, so their ids stay theirs
+        for name, ref in self.objects.items():
+            t = ref()
+            if t is not None and is_lazyxla(t):
+                n = unwrap(t)._value[0]
+                if n.op is _DATA:
+                    # Known values (lazy/known.py): ops on small integer tensors whose values the host has (a
+                    # batch's token ids and targets, up to config.known_values_limit elements) would be computed
+                    # on the host, from values a replay does not have; the tensors a captured step reads forget
+                    # them, so those ops are device ops. (Lazy mode's program takes them as inputs instead: its
+                    # float results may differ from a captured step's in the last bits.)
+                    known.forget(n)
+                    self.named.setdefault(id(n), name)
+                    self.nodes.append(n)
+        held = [t._value[0] for t in live_tensors()]
+        self.held: dict[int, int] = {}  # id(node) -> how many live tensors hold it (device data before the call)
+        for n in held:
+            self.held[id(n)] = self.held.get(id(n), 0) + 1
+        self.nodes += held
+        self.rng = rng.get_state()
+
+
+def _build(world: World, start: _Start, ran: list, flat: list, out) -> _Candidate:
+    """The candidate of a recorded call that started from ``start`` and ran the programs ``ran``."""
+    if len(ran) != 1:
+        raise NotCapturable(
+            f"the step ran {len(ran)} programs: it reads values on the host (.item(), .cpu(), print) or syncs "
+            "inside, so it is not one program"
+        )
+    if processes.process_count() > 1 or ran[0].compiled.replicas is not None:
+        raise NotCapturable("capture runs in single-process runs only")
+    r = ran[0]
+    cand = _Candidate(r, start)
+    cand.read_leaves(r, start)
+    cand.rng(r, start)
+    cand.written(r, world, start, flat)
+    cand.returned(out, r, flat)
+    return cand
+
+
+class _Candidate:
+    """A recorded call, described so that two calls can be compared and a verified one replayed."""
+
+    def __init__(self, ran, start: _Start) -> None:
+        self.ran = ran
+        self.guards = start.guards
+        self.held = start.held
+        self.inputs: list[tuple] = []  # (leaf position, location name, node hash)
+        self.constants: list[tuple] = []  # (leaf position, content) of device data made inside the step
+        self.keys: list[tuple] = []  # (leaf position, key offset from the call's first)
+        self.outputs: list[tuple] = []  # (location name, _SAME/_NEW/_NONE, result number or -1)
+        self.ret: tuple = ()
+        self.locations = start.locations
+
+    def read_leaves(self, r, start: _Start) -> None:
+        for pos, n in enumerate(r.leaves):
+            if n.op is _DATA:
+                name = start.named.get(id(n))
+                if name is not None:
+                    self.inputs.append((pos, name, n.hash))
+                elif id(n) in start.held:
+                    raise NotCapturable(
+                        f"the step reads a device tensor ({list(n.avals[0].shape)} {n.avals[0].dtype}) that is not an "
+                        "argument, a variable of the step function (closure or global), a parameter, a gradient, a "
+                        "buffer or tensor attribute of a module it calls, or an optimizer's state: register it as a "
+                        "buffer or pass it as an argument"
+                    )
+                else:
+                    self.constants.append((pos, _content(n)))
+        self.scalars = tuple((pos, type(n.payload), n.payload) for pos, n in enumerate(r.leaves) if n.op is Leaf.SCALAR)
+
+    def rng(self, r, start: _Start) -> None:
+        seed, counter = rng.get_state()
+        seed0, counter0 = start.rng
+        if seed != seed0 or counter < counter0:
+            raise NotCapturable("the step seeds the random number generator")
+        self.drawn = counter - counter0
+        for pos, n in enumerate(r.leaves):
+            if n.op is Leaf.RNG:
+                self.keys.append((pos, (int(n.payload[1]) - counter0) & 0xFFFFFFFF))
+
+    def written(self, r, world: World, start: _Start, flat: list) -> None:
+        made = {id(m): j for j, m in enumerate(r.made)}
+        self.locations = world.locations(flat)
+        claimed = set()
+        for name, loc in self.locations.items():
+            after, before = loc.get(flat), start.objects.get(name, _none)()
+            if after is None:
+                if name in start.present:
+                    self.outputs.append((name, _NONE, -1))
+                continue
+            if not is_lazyxla(after):
+                continue
+            n = unwrap(after)._value[0]
+            j = made.get(id(n))
+            if j is not None:
+                self.outputs.append((name, _SAME if after is before else _NEW, j))
+                claimed.add(j)
+            elif n.op is not _DATA:
+                raise NotCapturable(f"the step leaves {_say(name)} pending")
+            elif after is not before or start.named.get(id(n)) != name:
+                raise NotCapturable(f"the step puts a tensor it did not compute in {_say(name)}")
+        self.claimed = claimed
+        rebound = {name for name, _, _ in self.outputs}
+        for pos in r.compiled.donated:
+            name = next((nm for p, nm, _ in self.inputs if p == pos), None)
+            if name not in rebound:
+                raise NotCapturable("the step's program takes a buffer that stays in use")
+
+    def returned(self, out, r, flat: list) -> None:
+        made = {id(m): j for j, m in enumerate(r.made)}
+        where = {}  # id(tensor) -> its location, after the call
+        for name, loc in self.locations.items():
+            v = loc.get(flat)
+            if v is not None:
+                where.setdefault(id(v), name)
+        values, spec = flatten(out)
+        desc = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                if not is_lazyxla(v):
+                    raise NotCapturable("the step returns a tensor that is not on the lazyxla device")
+                if id(v) in where:
+                    desc.append(("location", where[id(v)]))
+                    continue
+                j = made.get(id(unwrap(v)._value[0]))
+                if j is None:
+                    raise NotCapturable("the step returns a tensor that its program does not compute")
+                desc.append(("result", j))
+                self.claimed.add(j)
+            elif type(v) in NUMBERS:
+                desc.append(("value", type(v), v))
+            else:
+                raise NotCapturable(f"the step returns a {type(v).__name__}: return tensors and numbers")
+        unclaimed = len(r.made) - len(self.claimed)
+        if unclaimed:
+            raise NotCapturable(
+                f"the step keeps {unclaimed} computed tensor(s) where capture cannot find them again (outside the "
+                "arguments, modules, gradients and optimizer state): return them, or store them in a module buffer"
+            )
+        self.ret = (spec, tuple(desc))
+
+    def signature(self) -> tuple:
+        """Equal for two recorded calls that ran the same program from the same guards with the same numbers."""
+        r = self.ran
+        consts = tuple((pos, c[0], c[1], c[2].tobytes()) for pos, c in self.constants)
+        return (
+            r.key,
+            self.guards,
+            tuple(self.inputs),
+            consts,
+            self.scalars,
+            tuple(self.keys),
+            self.drawn,
+            tuple(self.outputs),
+            self.ret,
+        )
+
+
+def _content(n) -> tuple:
+    """Device data made inside the step (an upload of host values): its values, to compare between calls."""
+    aval = n.avals[0]
+    size = int(np.prod(aval.shape)) * aval.dtype.itemsize
+    if size > _MAX_CONSTANT_BYTES:
+        raise NotCapturable(
+            f"the step copies a {list(aval.shape)} tensor from the host each call: pass it as an argument"
+        )
+    values = np.asarray(n.host if n.host is not None else n.payload)
+    return (str(aval.dtype), tuple(aval.shape), values)
+
+
+def _say(name: tuple) -> str:
+    kind = name[0]
+    if kind == "state":
+        return f"optimizer {name[1]}'s state {name[3]!r} of parameter {name[2]}"
+    if kind in ("buffer", "attribute"):
+        return f"{kind} {name[2]!r} of module {name[1]}"
+    return f"{kind} {name[1]}"
+
+
+# ---- replay --------------------------------------------------------------------------------------------------
+
+
+class _Entry:
+    """A verified step: its program, and where its inputs come from and its results go."""
+
+    def __init__(self, cand: _Candidate) -> None:
+        r = cand.ran
+        self.compiled, self.device = r.compiled, r.device
+        self.made_by = f"an output of graph {graph.graph_id(r.key)} (replayed)"  # names the buffers in errors
+        # per input: weak references to the (inner tensor, node) the last replay left in its location, or None
+        self._cache = _NO_CACHE
+        self._quiet = None  # _activity() after the last replay
+        # the Python numbers, packed once (``ArgLayout``): the verified call's are every replay's
+        self.packed = r.compiled.layout.packed_scalars(r.leaves)
+        self.guards = cand.guards
+        self.outputs_of = graph.outputs_of(r.roots, r.compiled)
+        self.template = list(r.leaves)  # scalars and constants; inputs and keys are put in per call
+        locs = cand.locations
+        self.inputs = [(pos, locs[name], h) for pos, name, h in cand.inputs]
+        for pos, _, _ in cand.inputs:
+            self.template[pos] = None
+        self.keys = cand.keys
+        for pos, _ in cand.keys:
+            self.template[pos] = None
+        self.drawn = cand.drawn
+        read_at = {name: k for k, (_, name, _) in enumerate(cand.inputs)}
+        # (location, how it changes, result number, the input it is read from next step or None)
+        self.writes = [(locs[name], kind, j, read_at.get(name)) for name, kind, j in cand.outputs]
+        self.ret_spec, self.ret = cand.ret[0], [(d[0], locs[d[1]]) if d[0] == "location" else d for d in cand.ret[1]]
+        self.donated = r.compiled.donated
+        # how many tensors held each donated input when the verified call started: a replay's are held as often
+        self.holders = [cand.held[id(r.leaves[pos])] for pos in self.donated]
+        self.avals = [m.avals[0] for m in r.made]
+
+    def replay(self, flat: list):
+        """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
+        is not device data of the shape, dtype and layout the program was built for, or a buffer it would take
+        over is still held elsewhere."""
+        # Quiet: nothing was recorded, synced or replayed since this entry's last replay, which left no pending
+        # work and no tensor but the step's locations holding its results; so there is no pending work to run
+        # first, and no other holder of the buffers it takes over (one scan of the live tensors saved).
+        quiet = self._quiet == _activity()
+        if not quiet:
+            graph.sync(reason="a captured step")  # as the region would: pending work first
+        leaves = list(self.template)
+        inner = {}  # id(location) -> the LazyTensor read from it
+        cache = self._cache if quiet else _NO_CACHE
+        ours = set()  # ids of the inputs that are the last replay's results, still where it put them
+        for k, (pos, loc, h) in enumerate(self.inputs):
+            t = loc.get(flat)
+            if t is None:
+                return _miss("an input location holds no tensor")
+            c = cache[k]
+            if c is not None:
+                lt, n = c[0](), c[1]()
+                if lt is not None and _from_functional(t) is lt and lt._value[0] is n:
+                    leaves[pos] = n
+                    inner[id(loc)] = lt
+                    ours.add(id(n))
+                    continue
+            lt = unwrap(t)
+            n = lt._value[0]
+            if n.op is not _DATA or n.hash != h:
+                return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
+            leaves[pos] = n
+            inner[id(loc)] = lt
+        if self.donated and not quiet and not _free(leaves, self.donated, self.holders):
+            return _miss("a buffer the program takes over is still held elsewhere")
+        counter = rng.get_state()[1]
+        for pos, offset in self.keys:
+            leaves[pos] = rng.key_leaf(counter + offset, self.device)
+        rng.advance(self.drawn)
+        args = self._arguments(leaves, ours)
+        try:
+            outs = graph.launch(self.compiled, args, ())
+        except BaseException as e:
+            _lost(leaves, self.donated, self.inputs, inner, e)
+            raise
+        for i in self.donated:
+            leaves[i].payload = None
+        made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
+        metrics.inc("executions")
+        metrics.inc("capture_replays")
+        metrics.inc("device_buffers", len(outs))
+        metrics.inc("syncs")  # a replayed step is one step's sync
+        out = self._put(made, flat, inner)
+        self._quiet = _activity()
+        return out
+
+    def forget(self) -> None:
+        """Drop what the last replay left (its locations' tensors): a recorded call comes next."""
+        self._cache = _NO_CACHE
+        self._quiet = None
+
+    def _arguments(self, leaves: list, ours: set) -> list:
+        """The program's arguments. The buffers the previous replay made (``ours``) are what the program returns,
+        so only the others are checked against what it takes (``Compiled.check_arguments``: a mismatched buffer
+        given to XLA can abort the process); the packed Python numbers are the verified call's."""
+        compiled = self.compiled
+        if compiled.spmd:
+            return graph.arguments(compiled, leaves, self.device)
+        data = []
+        for k, i in enumerate(compiled.layout.data):
+            n = leaves[i]
+            if id(n) in ours:
+                data.append(n._payload)
+                continue
+            a = graph.payload_of(n)
+            compiled.check_argument(k, a, leaves)
+            data.append(a)
+        packed = self.packed
+        if self.keys:
+            packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
+        return data + devices.passed(packed)
+
+    def _put(self, made: list, flat: list, inner: dict):
+        new = {}
+        cache = self._cache = [None] * len(self.inputs)
+        for loc, kind, j, k in self.writes:
+            if kind is _SAME:
+                t = loc.get(flat)
+                lt = inner.get(id(loc))
+                if lt is None:
+                    lt = unwrap(t)
+                lt._value = (made[j], 0)
+                _replace(t, lt)  # as an in-place op: views of the tensor see the new value
+                _commit(t)
+                _sync(t)  # its functionalization base takes the value now, as after a recorded step
+                if k is not None:  # weakly: the cache must not keep a tensor, or a buffer, alive
+                    cache[k] = (weakref.ref(_from_functional(t)), weakref.ref(made[j]))
+            elif kind is _NEW:
+                loc.set(_fresh(new, made, j, self.avals))
+            else:
+                loc.set(None)
+        values = []
+        for d in self.ret:
+            if d[0] == "location":
+                values.append(d[1].get(flat))
+            elif d[0] == "result":
+                values.append(_fresh(new, made, d[1], self.avals))
+            else:
+                values.append(d[2])
+        return unflatten(values, self.ret_spec)
+
+
+def _activity() -> tuple:
+    """What changes whenever lazyxla records, syncs or replays anything."""
+    return (tensor.made[0], metrics.count("syncs"), metrics.count("capture_replays"))
+
+
+last_miss = [""]  # why the last replay did not happen (``capture_status`` says it)
+
+
+def _miss(why: str):
+    last_miss[0] = why
+    metrics.inc("capture_input_misses")
+    return MISS
+
+
+def _fresh(new: dict, made: list, j: int, avals: list) -> torch.Tensor:
+    """The user-visible tensor of result ``j`` (one per result, shared by every place it goes)."""
+    t = new.get(j)
+    if t is None:
+        t = new[j] = wrap(LazyTensor((made[j], 0), avals[j]))
+    return t
+
+
+def _free(leaves: list, donated: tuple, expected: list) -> bool:
+    """Whether the buffers the program takes over are held by as many tensors as in the verified call (the
+    locations the step rewrites, and their functionalization bases), and read by no pending graph."""
+    taken = {id(leaves[i]): k for k, i in enumerate(donated)}
+    counts = [0] * len(donated)
+    pending = []
+    for t in live_tensors():
+        n = t._value[0]
+        k = taken.get(id(n))
+        if k is not None:
+            counts[k] += 1
+        elif n.op.__class__ is not Leaf:
+            pending.append(t._value)
+    if counts != expected:
+        return False
+    return not pending or not any(id(m) in taken for m in graph.plan_values(pending)[2])
+
+
+def _lost(leaves: list, donated: tuple, inputs: list, inner: dict, error: BaseException) -> None:
+    """The program failed after taking its donated buffers: the locations they came from have no value now, and
+    raise when read (as after a recorded step's failure: ``graph.ProgramFailedError``)."""
+    gone = {id(leaves[i]) for i in donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()}
+    why = graph.ProgramFailedError(
+        f"the captured step's program failed while running ({type(error).__name__}: {error}), after it had taken "
+        "the buffers of its donated inputs, so their values are gone (restore them, e.g. from a checkpoint)"
+    )
+    why.__cause__ = error
+    for _, loc, _ in inputs:
+        lt = inner.get(id(loc))
+        if lt is not None and id(lt._value[0]) in gone:
+            lt._value = (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0)
+
+
+class StepCapture:
+    """Capture and replay for one ``lazyxla.compile(fn, capture=True)`` function (see the module docstring)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.world: World | None = None
+        self.entries: dict[tuple, _Entry] = {}
+        self.last: dict[tuple, tuple] = {}  # guards -> the signature of the last recorded call from them
+        self.status = "not called yet"
+        self._warned = False
+
+    def __call__(self, region, args: tuple, kwargs: dict):
+        flat, spec = flatten((args, kwargs))
+        world = self.world
+        if world is not None and self.entries:
+            entry = self.entries.get(world.guards(flat, spec, self.fn))
+            if entry is not None:
+                out = entry.replay(flat)
+                if out is not MISS:
+                    graph.epoch[0] += 1
+                    return out
+                self.status = f"recorded this call: {last_miss[0]}"
+            else:
+                self.status = "recorded this call: its guards differ from every verified step's"
+            metrics.inc("capture_guard_misses")
+        return self._record(region, args, kwargs, flat, spec)
+
+    def _record(self, region, args, kwargs, flat, spec):
+        metrics.inc("capture_records")
+        for entry in self.entries.values():  # their caches hold tensors, which would keep buffers from donation
+            entry.forget()
+        start, why = None, "its first call (the modules and optimizers it uses are not known yet)"
+        if self.world is not None:
+            try:
+                start = _Start(self.world, flat, spec, self.fn)
+            except NotCapturable as e:
+                why = str(e)
+        modules, optimizers, ran = {}, {}, []
+
+        def saw_module(m, _args):
+            modules.setdefault(id(m), m)
+
+        def saw_optimizer(o, _args, _kwargs):
+            optimizers.setdefault(id(o), o)
+            make_capturable(o)
+
+        hooks = [
+            torch_module.register_module_forward_pre_hook(saw_module),
+            torch_optimizer.register_optimizer_step_pre_hook(saw_optimizer),
+        ]
+        graph.observers.append(ran.append)
+        try:
+            with region:
+                out = self.fn(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+            graph.observers.remove(ran.append)
+        world = World(list(modules.values()), list(optimizers.values()), self.fn)
+        if start is not None and not world.same_as(self.world):
+            start, why = None, "it called other modules or optimizers than in its previous call"
+        self.world = world
+        if start is not None:
+            try:
+                self._verify(_build(world, start, ran, flat, out))
+                return out
+            except NotCapturable as e:
+                why = str(e)
+        self._refused(why)
+        return out
+
+    def _verify(self, cand: _Candidate) -> None:
+        sig = cand.signature()
+        last = self.last.get(cand.guards)
+        if last == sig:
+            if cand.guards not in self.entries:
+                if len(self.entries) >= _MAX_ENTRIES:
+                    self.entries.pop(next(iter(self.entries)))
+                self.entries[cand.guards] = _Entry(cand)
+                metrics.inc("capture_verified")
+            self.status = "replaying"
+        else:
+            self.last[cand.guards] = sig
+            while len(self.last) > _MAX_ENTRIES:
+                self.last.pop(next(iter(self.last)))
+            self.status = "recorded once from these guards: the next equal call verifies it"
+
+    def _refused(self, why: str) -> None:
+        self.status = f"recorded, not captured: {why}"
+        metrics.inc("capture_refusals")
+        if not self._warned and not why.startswith("its first call"):
+            self._warned = True
+            warnings.warn(
+                f"lazyxla.compile(capture=True) of {getattr(self.fn, '__qualname__', self.fn)}: a call was recorded "
+                f"and cannot be replayed: {why}",
+                stacklevel=4,
+            )

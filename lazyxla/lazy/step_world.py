@@ -1,0 +1,311 @@
+"""Where a captured step's tensors live (``lazy/capture.py``): its world of modules and optimizers, their tensor
+locations, and the guards a replay checks.
+
+Example::
+
+    world = World(modules, optimizers, step_fn)
+    locations = world.locations(flat_args)      # {("grad", 3): <p.grad>, ("state", 0, 3, "exp_avg"): ...}
+    guards = world.guards(flat_args, spec, step_fn)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazyxla import torch_private
+from lazyxla.config import config
+from lazyxla.device import devices
+from lazyxla.lazy import rng
+
+_parameters = torch_private.module_parameters
+_buffers = torch_private.module_buffers
+_hooks = torch_private.module_hook_count
+
+
+class NotCapturable(Exception):
+    """A recorded call that cannot become a candidate; the message says why, in the user's terms."""
+
+
+# ---- where tensors live ----------------------------------------------------------------------------------
+
+
+class _Attr:
+    """``obj.name`` (a parameter's ``.grad``, a module's tensor attribute)."""
+
+    __slots__ = ("obj", "name")
+
+    def __init__(self, obj, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def get(self, flat):
+        return getattr(self.obj, self.name, None)
+
+    def set(self, value) -> None:
+        setattr(self.obj, self.name, value)
+
+
+class _Item:
+    """``d[key]`` (a module's buffer, an optimizer's state entry)."""
+
+    __slots__ = ("d", "key")
+
+    def __init__(self, d: dict, key) -> None:
+        self.d, self.key = d, key
+
+    def get(self, flat):
+        return self.d.get(self.key)
+
+    def set(self, value) -> None:
+        self.d[self.key] = value
+
+
+class _Fixed:
+    """A parameter itself: its tensor is changed in place, never replaced."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def get(self, flat):
+        return self.obj
+
+    def set(self, value) -> None:
+        raise NotCapturable("the step replaces a parameter object")
+
+
+class _Cell:
+    """A closure cell of the step function."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell) -> None:
+        self.cell = cell
+
+    def get(self, flat):
+        try:
+            return self.cell.cell_contents
+        except ValueError:  # emptied
+            return None
+
+    def set(self, value) -> None:
+        self.cell.cell_contents = value
+
+
+class _Arg:
+    """The ``i``-th tensor among the call's arguments (flattened)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def get(self, flat):
+        return flat[self.i]
+
+    def set(self, value) -> None:
+        raise NotCapturable("the step replaces an argument")
+
+
+def is_lazyxla(v) -> bool:
+    return isinstance(v, torch.Tensor) and devices.on_device(v)
+
+
+class World:
+    """The modules a step calls and the optimizers it steps, and the tensor locations they hold."""
+
+    def __init__(self, modules, optimizers, fn) -> None:
+        self.fn = getattr(fn, "__func__", fn)
+        every: dict[int, torch.nn.Module] = {}
+        for m in modules:
+            for sub in m.modules():
+                every.setdefault(id(sub), sub)
+        self.modules = list(every.values())
+        self.optimizers = list(optimizers)
+        params: dict[int, torch.Tensor] = {}
+        for m in self.modules:
+            for p in _parameters(m).values():
+                if p is not None:
+                    params.setdefault(id(p), p)
+        for o in self.optimizers:
+            for group in o.param_groups:
+                for p in group["params"]:
+                    params.setdefault(id(p), p)
+        self.params = list(params.values())
+
+    def same_as(self, other: World) -> bool:
+        return [id(m) for m in self.modules] == [id(m) for m in other.modules] and [id(o) for o in self.optimizers] == [
+            id(o) for o in other.optimizers
+        ]
+
+    def locations(self, flat: list) -> dict[tuple, object]:
+        """Every location of a lazyxla tensor (or of a gradient, which may be None), by a name that is the same
+        from call to call."""
+        locs: dict[tuple, object] = {}
+        for i, v in enumerate(flat):
+            if isinstance(v, torch.Tensor):
+                locs[("argument", i)] = _Arg(i)
+        for k, cell in enumerate(getattr(self.fn, "__closure__", None) or ()):
+            if is_lazyxla(_Cell(cell).get(flat)):
+                locs[("closure", k)] = _Cell(cell)
+        glob = getattr(self.fn, "__globals__", {})
+        for name in getattr(getattr(self.fn, "__code__", None), "co_names", ()):
+            if is_lazyxla(glob.get(name)):
+                locs[("global", name)] = _Item(glob, name)
+        for j, p in enumerate(self.params):
+            locs[("parameter", j)] = _Fixed(p)
+            locs[("grad", j)] = _Attr(p, "grad")
+        for k, m in enumerate(self.modules):
+            for name in _buffers(m):
+                locs[("buffer", k, name)] = _Item(_buffers(m), name)
+            for name, v in vars(m).items():
+                if is_lazyxla(v) and not isinstance(v, torch.nn.Parameter):
+                    locs[("attribute", k, name)] = _Attr(m, name)
+        for k, o in enumerate(self.optimizers):
+            for j, p in enumerate(_params_of(o)):
+                state = o.state.get(p)
+                for key, v in (state or {}).items():
+                    if isinstance(v, torch.Tensor):
+                        locs[("state", k, j, key)] = _Item(state, key)
+        return locs
+
+    def guards(self, flat: list, spec, fn) -> tuple:
+        """What a call starts from that must equal a verified step's for it to be replayed."""
+        dev = devices.torch_name()
+        g: list = [
+            spec,
+            torch.is_grad_enabled(),
+            torch.is_autocast_enabled(dev),
+            torch.get_autocast_dtype(dev),
+            config.compile_key(),
+            devices.spmd_enabled(),
+            rng.get_state()[0],
+        ]
+        g += [_describe_argument(v) for v in flat]
+        for m in self.modules:
+            g.append(
+                (
+                    m.training,
+                    tuple(map(id, _parameters(m).values())),
+                    tuple(map(id, _buffers(m).values())),
+                    _hooks(m),
+                )
+            )
+        for o in self.optimizers:
+            for group in o.param_groups:
+                g.append(tuple((k, _describe(v)) for k, v in group.items() if k != "params"))
+                g.append(tuple(map(id, group["params"])))
+            for p in _params_of(o):
+                state = o.state.get(p)
+                g.append(None if state is None else (id(state), *((k, _state_entry(v)) for k, v in state.items())))
+        g.append(tuple(p.grad is None for p in self.params))
+        g += _closure_numbers(fn)
+        return tuple(g)
+
+
+def _params_of(o) -> list:
+    return [p for group in o.param_groups for p in group["params"]]
+
+
+NUMBERS = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _describe(v):
+    """A guard's view of a value: numbers by value, device tensors by identity, shape and dtype, CPU numbers by
+    value, anything else by identity (the guard keeps no reference: identities are compared while the objects
+    the guard was taken from are alive)."""
+    if type(v) in NUMBERS:
+        return (type(v), v)
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "cpu":
+            return ("cpu", v.dtype, tuple(v.shape), v.item() if v.numel() == 1 else id(v))
+        return ("tensor", id(v), v.dtype, tuple(v.shape))
+    if type(v) in (tuple, list):
+        return (type(v), tuple(_describe(e) for e in v))
+    return ("object", id(v))
+
+
+def _state_entry(v):
+    """A guard's view of an optimizer state entry: a device tensor by identity (its shape and dtype are checked
+    with the program's inputs), anything else as ``_describe``."""
+    if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+        return id(v)
+    return _describe(v)
+
+
+def _describe_argument(v):
+    """A guard's view of an argument: tensors (a new batch every call) by dtype and shape only."""
+    if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+        return ("tensor", v.dtype, tuple(v.shape), v.requires_grad)
+    return _describe(v)
+
+
+_PLAIN = (torch.Tensor, *NUMBERS)
+
+
+def flatten(tree) -> tuple[list, object]:
+    """``tree_flatten`` for the usual arguments and results (tensors and numbers, in a tuple, list or dict of
+    them), without its per-call cost (~70 us); anything else through PyTorch's pytree."""
+    if isinstance(tree, _PLAIN):
+        return [tree], "leaf"
+    if type(tree) is tuple and len(tree) == 2 and type(tree[1]) is dict:  # (args, kwargs)
+        args, kwargs = tree
+        keys = tuple(kwargs)
+        flat = [*args, *kwargs.values()]
+        if all(isinstance(v, _PLAIN) for v in flat):
+            return flat, ("call", len(args), keys)
+    elif type(tree) in (tuple, list) and all(isinstance(v, _PLAIN) for v in tree):
+        return list(tree), (type(tree), len(tree))
+    return torch_private.tree_flatten(tree)
+
+
+def unflatten(values: list, spec):
+    if spec == "leaf":
+        return values[0]
+    if type(spec) is tuple and spec[0] in (tuple, list):
+        return spec[0](values)
+    return torch_private.tree_unflatten(values, spec)
+
+
+def _closure_numbers(fn) -> list:
+    """The numbers the step function reads from its closure cells and its module's globals."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    out = [(type(c.cell_contents), c.cell_contents) for c in (fn.__closure__ or ()) if _cell_number(c)]
+    glob = fn.__globals__
+    out += [(name, glob[name]) for name in code.co_names if type(glob.get(name)) in NUMBERS[:4]]
+    return out
+
+
+def _cell_number(cell) -> bool:
+    try:
+        return type(cell.cell_contents) in NUMBERS[:4]
+    except ValueError:  # an empty cell
+        return False
+
+
+# ---- optimizers --------------------------------------------------------------------------------------------
+
+
+def make_capturable(opt: torch.optim.Optimizer) -> None:
+    """Switch ``opt`` to ``capturable=True`` where it offers it (as ``torch.compile`` does for an optimizer step
+    it compiles), moving its step counters to the parameters' device: its bias corrections become device math
+    instead of Python numbers that change every step.
+
+    Example::
+
+        make_capturable(torch.optim.AdamW(model.parameters()))
+    """
+    if "capturable" not in opt.defaults:
+        return
+    for group in opt.param_groups:
+        if group.get("capturable") or group.get("fused") or not all(is_lazyxla(p) for p in group["params"]):
+            continue
+        group["capturable"] = True
+        for p in group["params"]:
+            state = opt.state.get(p)
+            step = None if state is None else state.get("step")
+            if isinstance(step, torch.Tensor) and step.device.type == "cpu":
+                state["step"] = step.to(p.device)
