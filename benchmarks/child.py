@@ -12,6 +12,10 @@ peak RSS during the steps minus its RSS after setup. On Linux the peak-RSS mark 
 memory (first steps); with the RSS method the mark is reset again after step 2, giving a second
 number, the steady-state peak (steps 3..N) over the same baseline.
 
+Process peak: the process's peak RSS from its start (imports, setup and the run: the highest of the peak-RSS
+marks read before each reset and at the end), and the RSS importing torch added (the lazyxla and eager processes
+import it first and alone; jax.jit's process never does), so that the comparison can be made with and without it.
+
 XLA buffers (jax.jit and lazyxla): device memory as XLA accounts for it, the measure a GPU or TPU
 user cares about, which the CPU backend does not report as it runs: for each step, the bytes of every
 live ``jax.Array`` before the step plus what the step's compiled program adds while it runs (its
@@ -67,6 +71,7 @@ class MemoryProbe:
     def start(self) -> None:
         """Take the baseline (and reset the peak-RSS mark where the OS allows)."""
         gc.collect()
+        self.hwm_marks = [_status_kb("VmHWM")]  # the process's peak so far (setup's included), before any reset
         if self.device is not None:
             self.base = self.device.memory_stats()["bytes_in_use"]
             self.method = "jax device memory_stats: peak_bytes_in_use during the run - bytes_in_use after setup"
@@ -87,6 +92,7 @@ class MemoryProbe:
     def mark_steady(self) -> None:
         """Called after the compiling steps: the peak so far is the run's; restart the mark for steady steps."""
         self.run_peak = self._peak()
+        self.hwm_marks.append(_status_kb("VmHWM"))
         self.steady = self.method.startswith("peak RSS") and _reset_peak_rss()
 
     def stop(self) -> dict[str, Any]:
@@ -94,19 +100,27 @@ class MemoryProbe:
         peak = self._peak()
         run_peak = max(peak, getattr(self, "run_peak", peak))
         steady = (peak - self.base) / _MB if getattr(self, "steady", False) else None
+        marks = [m for m in self.hwm_marks + [_status_kb("VmHWM")] if m is not None]
         return {
             "peak_growth_mb": (run_peak - self.base) / _MB,
             "steady_peak_growth_mb": steady,
             "baseline_mb": self.base / _MB,
             "peak_mb": run_peak / _MB,
+            "process_peak_mb": max(marks) / 1024 if marks else None,
             "method": self.method,
         }
 
 
 def _live_buffer_bytes() -> int:
+    """Bytes of the live device buffers: an array and the per-device views jax makes of it (and caches on it, e.g.
+    when lazyxla checks a program's arguments) are one buffer, counted once."""
     import jax
 
-    return sum(a.nbytes for a in jax.live_arrays())
+    buffers = {}
+    for a in jax.live_arrays():
+        for shard in a.addressable_shards:
+            buffers[(shard.device, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return sum(buffers.values())
 
 
 def _program_growth(program) -> int:
@@ -124,6 +138,10 @@ def _last_lazyxla_program():
 def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, Any]:
     """Set up ``model`` on ``framework``, time the first step, run ``steps`` in all, report memory."""
     t0 = time.perf_counter()
+    rss_start = _status_kb("VmRSS")
+    if framework != "jax.jit":
+        import torch  # noqa: F401  (first and alone: the RSS it adds is reported apart)
+    rss_torch = _status_kb("VmRSS")
     lazyxla = None
     if framework == "lazyxla":
         import lazyxla  # before any torch autograd runs (see docs/performance.md)
@@ -154,6 +172,8 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
     memory = probe.stop()
     if framework == "jax.jit":
         xla_peak += _program_growth(step.program())  # after the probe: compiling again takes memory
+    if rss_start is not None and rss_torch is not None:
+        memory["torch_import_mb"] = (rss_torch - rss_start) / 1024
     out = {
         "framework": framework,
         "model": model,
