@@ -172,7 +172,9 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
     memory = probe.stop()
     if framework == "jax.jit":
         xla_peak += _program_growth(step.program())  # after the probe: compiling again takes memory
-    if rss_start is not None and rss_torch is not None:
+    if framework == "jax.jit":
+        memory["torch_import_mb"] = 0.0  # never imported (the RSS between the two reads only jitters)
+    elif rss_start is not None and rss_torch is not None:
         memory["torch_import_mb"] = (rss_torch - rss_start) / 1024
     out = {
         "framework": framework,
