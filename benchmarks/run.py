@@ -390,6 +390,9 @@ def memory_table(memory: dict, settings: S.Settings) -> str:
     notes += [
         "run = steps 1..N, compilation included (the compiler's memory counts); steady = steps 3..N over the same",
         "baseline. RSS rarely shrinks (allocators keep freed memory), so steady is usually the run's peak too.",
+        "Both XLA frameworks start XLA's compiler in setup (one tiny jax.jit program): its one-time start is in both",
+        "baselines (jax.jit's setup compiles anyway). PyTorch creates the optimizer state in step 1 (in the run),",
+        "jax.jit's reference in setup (in the baseline).",
         "XLA buffers: peak device memory as XLA accounts for it (live jax arrays before a step + the step program's",
         "temporaries and non-donated outputs, from memory_analysis()); no compiler or host runtime.",
         "process peak: the process's peak RSS from its start (imports, setup, the run); torch import: the RSS",
