@@ -12,6 +12,13 @@ peak RSS during the steps minus its RSS after setup. On Linux the peak-RSS mark 
 memory (first steps); with the RSS method the mark is reset again after step 2, giving a second
 number, the steady-state peak (steps 3..N) over the same baseline.
 
+Process peak: the process's peak RSS from its start (imports, setup and the run: the highest of the peak-RSS
+marks read before each reset and at the end), and the RSS importing torch added (the lazyxla and eager processes
+import it first and alone; jax.jit's process never does), so that the comparison can be made with and without it.
+
+Both XLA frameworks start XLA's compiler in setup (``_start_xla``): jax.jit's setup compiles anyway, so its
+baseline held the compiler's one-time start while lazyxla's growth counted it.
+
 XLA buffers (jax.jit and lazyxla): device memory as XLA accounts for it, the measure a GPU or TPU
 user cares about, which the CPU backend does not report as it runs: for each step, the bytes of every
 live ``jax.Array`` before the step plus what the step's compiled program adds while it runs (its
@@ -67,6 +74,7 @@ class MemoryProbe:
     def start(self) -> None:
         """Take the baseline (and reset the peak-RSS mark where the OS allows)."""
         gc.collect()
+        self.hwm_marks = [_status_kb("VmHWM")]  # the process's peak so far (setup's included), before any reset
         if self.device is not None:
             self.base = self.device.memory_stats()["bytes_in_use"]
             self.method = "jax device memory_stats: peak_bytes_in_use during the run - bytes_in_use after setup"
@@ -87,6 +95,7 @@ class MemoryProbe:
     def mark_steady(self) -> None:
         """Called after the compiling steps: the peak so far is the run's; restart the mark for steady steps."""
         self.run_peak = self._peak()
+        self.hwm_marks.append(_status_kb("VmHWM"))
         self.steady = self.method.startswith("peak RSS") and _reset_peak_rss()
 
     def stop(self) -> dict[str, Any]:
@@ -94,19 +103,27 @@ class MemoryProbe:
         peak = self._peak()
         run_peak = max(peak, getattr(self, "run_peak", peak))
         steady = (peak - self.base) / _MB if getattr(self, "steady", False) else None
+        marks = [m for m in self.hwm_marks + [_status_kb("VmHWM")] if m is not None]
         return {
             "peak_growth_mb": (run_peak - self.base) / _MB,
             "steady_peak_growth_mb": steady,
             "baseline_mb": self.base / _MB,
             "peak_mb": run_peak / _MB,
+            "process_peak_mb": max(marks) / 1024 if marks else None,
             "method": self.method,
         }
 
 
 def _live_buffer_bytes() -> int:
+    """Bytes of the live device buffers: an array and the per-device views jax makes of it (and caches on it, e.g.
+    when lazyxla checks a program's arguments) are one buffer, counted once."""
     import jax
 
-    return sum(a.nbytes for a in jax.live_arrays())
+    buffers = {}
+    for a in jax.live_arrays():
+        for shard in a.addressable_shards:
+            buffers[(shard.device, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return sum(buffers.values())
 
 
 def _program_growth(program) -> int:
@@ -121,9 +138,28 @@ def _last_lazyxla_program():
     return next(reversed(cache._cache.values())).executable  # the LRU's newest entry: the program just run
 
 
+def _start_xla(framework: str) -> None:
+    """In setup, for both XLA frameworks: compile and run one tiny jax program, so XLA's compiler has started.
+
+    It starts once per process, at the first compile: ~45 MB of RSS on the CPU backend (mostly its code pages)
+    and ~0.1 s. jax.jit's setup starts it (``jnp.zeros_like`` for the optimizer state compiles); lazyxla's
+    setup compiles nothing, so its first step paid the start and its memory growth counted it while jax.jit's
+    baseline held it. Started here, it is in the setup (time and baseline) of both.
+    """
+    if framework in ("jax.jit", "lazyxla"):
+        import jax  # (the XLA frameworks only: eager's process never imports jax)
+        import numpy as np
+
+        jax.jit(lambda x: x + 1)(np.float32(0)).block_until_ready()
+
+
 def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, Any]:
     """Set up ``model`` on ``framework``, time the first step, run ``steps`` in all, report memory."""
     t0 = time.perf_counter()
+    rss_start = _status_kb("VmRSS")
+    if framework != "jax.jit":
+        import torch  # noqa: F401  (first and alone: the RSS it adds is reported apart)
+    rss_torch = _status_kb("VmRSS")
     lazyxla = None
     if framework == "lazyxla":
         import lazyxla  # before any torch autograd runs (see docs/performance.md)
@@ -131,6 +167,7 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
 
     settings = S.Settings.quick() if quick else S.Settings.full()
     probe = MemoryProbe(framework)
+    _start_xla(framework)
     step = S.make_step(framework, model, settings.spec(model))
     setup_s = time.perf_counter() - t0
     probe.start()
@@ -154,6 +191,10 @@ def measure(framework: str, model: str, quick: bool, steps: int) -> dict[str, An
     memory = probe.stop()
     if framework == "jax.jit":
         xla_peak += _program_growth(step.program())  # after the probe: compiling again takes memory
+    if framework == "jax.jit":
+        memory["torch_import_mb"] = 0.0  # never imported (the RSS between the two reads only jitters)
+    elif rss_start is not None and rss_torch is not None:
+        memory["torch_import_mb"] = (rss_torch - rss_start) / 1024
     out = {
         "framework": framework,
         "model": model,

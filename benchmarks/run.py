@@ -165,15 +165,25 @@ def _summarize_processes(runs: dict[str, dict[str, list[dict]]], settings: S.Set
                     memory[model][framework]["xla_buffers_peak"] = R.summary(
                         [m["xla_buffers_peak_mb"] for m in mems], scale=1.0, unit="mb"
                     )
+                for key in ("process_peak", "torch_import"):  # (absent from a child that cannot read /proc)
+                    values = [m.get(key + "_mb") for m in mems]
+                    if None not in values:
+                        memory[model][framework][key] = R.summary(values, scale=1.0, unit="mb")
         floor = first[model]["jax.jit"]["first_step"]["median_s"]
         for row in first[model].values():
             row["ratio_to_jax"] = R.ratio(row["first_step"]["median_s"], floor)
         floor = memory[model]["jax.jit"]["peak_growth"]["median_mb"]
         xla_floor = memory[model]["jax.jit"]["xla_buffers_peak"]["median_mb"]
+        process_floor = memory[model]["jax.jit"].get("process_peak", {}).get("median_mb")
         for row in memory[model].values():
             row["ratio_to_jax"] = R.ratio(row["peak_growth"]["median_mb"], floor)
             if "xla_buffers_peak" in row:
                 row["xla_buffers_ratio_to_jax"] = R.ratio(row["xla_buffers_peak"]["median_mb"], xla_floor)
+            if "process_peak" in row and process_floor:
+                peak = row["process_peak"]["median_mb"]
+                row["process_ratio_to_jax"] = R.ratio(peak, process_floor)
+                torch_mb = row.get("torch_import", {}).get("median_mb", 0.0)
+                row["process_ratio_to_jax_without_torch_import"] = R.ratio(peak - torch_mb, process_floor)
     return first, memory
 
 
@@ -380,21 +390,31 @@ def memory_table(memory: dict, settings: S.Settings) -> str:
             cells += [R.fmt(r["ratio_to_jax"]), R.fmt(st["median_mb"] if st else None, 1), R.fmt(r["baseline_mb"], 1)]
             xb = r.get("xla_buffers_peak")
             cells += [R.fmt(xb["median_mb"], 1) if xb else "-", R.fmt(r.get("xla_buffers_ratio_to_jax"))]
+            pp, ti = r.get("process_peak"), r.get("torch_import")
+            cells += [R.fmt(pp["median_mb"], 1) if pp else "-", R.fmt(r.get("process_ratio_to_jax"))]
+            cells += [R.fmt(ti["median_mb"], 1) if ti else "-"]
+            cells += [R.fmt(r.get("process_ratio_to_jax_without_torch_import"))]
             rows.append(cells)
             methods.add(r["method"])
     notes = [f"method: {m}" for m in sorted(methods)]
     notes += [
         "run = steps 1..N, compilation included (the compiler's memory counts); steady = steps 3..N over the same",
         "baseline. RSS rarely shrinks (allocators keep freed memory), so steady is usually the run's peak too.",
+        "Both XLA frameworks start XLA's compiler in setup (one tiny jax.jit program): its one-time start is in both",
+        "baselines (jax.jit's setup compiles anyway). PyTorch creates the optimizer state in step 1 (in the run),",
+        "jax.jit's reference in setup (in the baseline).",
         "XLA buffers: peak device memory as XLA accounts for it (live jax arrays before a step + the step program's",
         "temporaries and non-donated outputs, from memory_analysis()); no compiler or host runtime.",
+        "process peak: the process's peak RSS from its start (imports, setup, the run); torch import: the RSS",
+        "importing torch added (first and alone; jax.jit's process never imports it); 'w/o torch': (process peak -",
+        "torch import) / jax.jit's process peak.",
     ]
     title = (
         f"(e) peak memory growth of a {settings.memory_steps}-step training run, a fresh process per row (the "
         f"processes of (c), cache off); median of {settings.process_repeats}"
     )
     header = ["model / framework", "run peak MB", "min–max MB", "x jax.jit", "steady peak MB", "after setup MB"]
-    header += ["XLA buffers MB", "x jax.jit"]
+    header += ["XLA buffers MB", "x jax.jit", "process peak MB", "x jax.jit", "torch import MB", "x w/o torch"]
     return R.table(title, header, rows, notes)
 
 

@@ -119,6 +119,15 @@ def test_memory(results, model):
         if fw != "eager":
             _stats(r["xla_buffers_peak"], "mb")
             assert _positive(r["xla_buffers_ratio_to_jax"]), fw
+        # the whole process's peak (imports and setup too), and what importing torch alone added to its RSS
+        _stats(r["process_peak"], "mb")
+        assert r["process_peak"]["median_mb"] >= r["peak_growth"]["median_mb"], fw
+        assert _positive(r["process_ratio_to_jax"]) and _positive(r["process_ratio_to_jax_without_torch_import"]), fw
+        if fw == "jax.jit":
+            assert r["torch_import"]["max_mb"] == 0 and r["process_ratio_to_jax"] == 1, fw
+        else:
+            _stats(r["torch_import"], "mb")
+            assert r["process_ratio_to_jax_without_torch_import"] < r["process_ratio_to_jax"], fw
 
 
 def test_recording(results):

@@ -41,7 +41,7 @@ from jax.experimental import serialize_executable
 
 from lazyxla import jax_private
 from lazyxla.config import config, foreign_env, user_cache_root
-from lazyxla.device import devices, meshes, processes
+from lazyxla.device import devices, host_memory, meshes, processes
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import digest
 from lazyxla.lowering import replica
@@ -221,8 +221,13 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         with devices.x64(), jax.default_matmul_precision(config.matmul_precision):
             with metrics.timer("lower"):
                 lowered = _lower(order, leaves, roots, layout, layout.positions(donated), dev, reps)
+            # The compiler's peak comes on top of what the steps and the lowering freed but the C allocator kept;
+            # after it, its own freed memory is returned too, or the next compile stacks on it (host_memory).
+            host_memory.release()
             with metrics.timer("compile"):
                 executable = lowered.compile(compiler_options=_compiler_options())
+            del lowered  # its MLIR module, before the release
+            host_memory.release()
         if name is not None:
             metrics.inc("persistent_cache_misses")
             with metrics.timer("disk_cache"):
@@ -373,6 +378,7 @@ PROGRAM_CODE: dict[str, bool] = {
     "observe/": False,  # metrics, diagnostics, profiler phases
     "device/": True,  # dtype mapping, x64, devices and transfers, meshes and canonical layouts
     "device/__init__.py": False,
+    "device/host_memory.py": False,  # returns freed host memory to the OS around compiles
     "device/processes.py": False,  # ranks and the coordination service
     "device/wire.py": False,
     "lowering/": True,  # the rules, graph -> jax function, replica programs, how programs are lowered
