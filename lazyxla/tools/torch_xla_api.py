@@ -99,7 +99,6 @@ PARTIAL = {
     ("torch_xla.debug.profiler", "trace"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.profiler", "trace_detached"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.metrics", "metrics_report"): "lazyxla's metrics; torch_xla's C++ ones are absent",
-    ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "no send/recv (xm.collective_permute does it)",
     ("torch_xla.distributed.spmd", "XLAShardedTensor"): _SHARDED_TENSOR,
     ("torch_xla.distributed.spmd.xla_sharded_tensor", "XLAShardedTensor"): _SHARDED_TENSOR,
     ("torch_xla.distributed.spmd", "auto_policy"): "auto-sharding: xla_distribute_module raises",
