@@ -104,7 +104,12 @@ def auto_sharding_began() -> None:
 
 
 def auto_sharding() -> bool:
-    """Whether torch_xla's auto-sharding mode is on (``torch_xla._XLAC._xla_get_auto_sharding``)."""
+    """Whether torch_xla's auto-sharding mode is on (``torch_xla._XLAC._xla_get_auto_sharding``).
+
+    Example::
+
+        if auto_sharding(): print(counter_value("CompileWithAutoSharding"))
+    """
     return _auto_sharding_from[0] is not None
 
 
