@@ -8,6 +8,6 @@ Example::
     step = torch.compile(model, backend="lazyxla")      # or backend=lazyxla.dynamo.lazyxla_backend
 """
 
-from lazyxla.frontend.dynamo import CompiledGraph, allow_in_graph, lazyxla_backend, register
+from lazyxla.frontend.dynamo import CompiledGraph, allow_in_graph, lazyxla_backend, openxla_backend, register
 
-__all__ = ["CompiledGraph", "allow_in_graph", "lazyxla_backend", "register"]
+__all__ = ["CompiledGraph", "allow_in_graph", "lazyxla_backend", "openxla_backend", "register"]

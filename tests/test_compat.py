@@ -642,7 +642,6 @@ def test_fallbacks_are_counted_under_torch_xla_names(xla, dev):
 def _unsupported_calls(dev):
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.parallel_loader as pl
-    import torch_xla.distributed.spmd as xs
     import torch_xla.distributed.xla_multiprocessing as xmp
     import torch_xla.runtime as xr
 
@@ -651,12 +650,7 @@ def _unsupported_calls(dev):
         "xla_model.send": (lambda: xm.send(x, 1), "lazyxla.collective_permute"),
         "xla_model.get_stablehlo() without tensors": (lambda: xm.get_stablehlo(), "lazyxla.debug.stablehlo_text"),
         "collective_broadcast(groups=...)": (lambda: xm.collective_broadcast([x], groups=[[0]]), "lazyxla.broadcast"),
-        "use_spmd(auto=True)": (lambda: xr.use_spmd(auto=True), "xs.mark_sharding"),
         "initialize_cache(readonly=True)": (lambda: xr.initialize_cache("/tmp", readonly=True), "lazyxla.config"),
-        "xla_distribute_module(partition_fn=auto_policy)": (
-            lambda: xs.xla_distribute_module(torch.nn.Linear(1, 1), None, xs.auto_policy),
-            "partition_fn that marks the parameters",
-        ),
         "spawn(join=False)": (lambda: xmp.spawn(print, join=False), "lazyxla.spawn"),
         "ParallelLoader over 2 devices": (lambda: pl.ParallelLoader([], [dev, dev]), "xmp.spawn"),
     }

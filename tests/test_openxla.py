@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.compat as compat
+from lazyxla.lowering import cache
 from tests import compile_workers as W
 from tests.models import MLP
 
@@ -156,3 +157,37 @@ def test_xm_collectives_inside_compiled_functions_in_two_replicas():
             got, want = run["loss"]
             assert got == pytest.approx(want, rel=1e-6), where
         assert runs[0][backend]["loss"] == runs[1][backend]["loss"]  # the all-reduced mean, the same on both
+
+
+@pytest.mark.parametrize("backend", ["openxla", "openxla_eval", "lazyxla"])
+def test_openxla_compiles_at_the_first_call_and_lazyxla_at_the_sync(dev, torch_xla, backend):
+    """torch_xla's openxla backends compile a graph when it is first called (``CompileTime`` has a sample when the
+    call returns); nothing runs before the read, which reuses that program. ``backend='lazyxla'`` compiles at the
+    sync only. A later call with new shapes compiles again at the call; the values equal CPU eager."""
+    import torch_xla.debug.metrics as met
+
+    cache.clear()  # (the other parametrizations built the same programs)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh()).eval()
+    model = copy.deepcopy(ref).to(dev)
+    forward = torch.compile(model, backend=backend)
+    at_call = backend != "lazyxla"
+    for rows, new_shape in ((4, True), (4, False), (6, True)):
+        x = torch.randn(rows, 16)
+        xd = x.to(dev)
+        torch_xla.sync()
+        met.clear_all()
+        out = forward(xd)
+        compiled_at_call = lazyxla.metrics.counters()["compiles"]
+        timed_at_call = met.metric_data("CompileTime") is not None
+        assert lazyxla.metrics.counters()["executions"] == 0  # the call records; nothing runs yet
+        got = out.cpu()
+        counters = lazyxla.metrics.counters()
+        torch.testing.assert_close(got, ref(x), rtol=1e-6, atol=1e-6)
+        assert counters["executions"] == 1
+        if new_shape:
+            assert compiled_at_call == (1 if at_call else 0), (backend, rows)
+            assert timed_at_call == at_call
+            assert counters["compiles"] == 1  # the read reuses the program the call built (lazyxla: builds it)
+        else:
+            assert counters["compiles"] == 0  # same shapes: the call and the read hit the cache

@@ -151,7 +151,7 @@ def test_api_table_reads_public_names_and_looks_them_up(tmp_path):
     rows = {(m, n): (s, note) for m, n, s, note in api.table(src)}
     assert rows[("torch_xla.runtime", "world_size")] == ("implemented", "")
     assert rows[("torch_xla.runtime", "no_such_name")] == ("missing", "not provided")
-    assert rows[("torch_xla.distributed.spmd", "auto_policy")][0] == "partial"  # xla_distribute_module raises with it
+    assert rows[("torch_xla.distributed.spmd", "auto_policy")][0] == "partial"  # a fixed policy stands for XLA's pass
     assert rows[("torch_xla.core.dynamo_bridge", "extract_compiled_graph")][0] == (
         "implemented" if importlib.util.find_spec("lazyxla.compat.torch_xla.core.dynamo_bridge") else "missing"
     )

@@ -328,6 +328,36 @@ def rendezvous(tag: str, payload: bytes = b"") -> list[bytes]:
     return out
 
 
+def exchange(peer: int, tag: str, payload: bytes) -> bytes:
+    """Give ``payload`` to process ``peer`` and return the one it gives this process: the two meet at their n-th
+    ``exchange`` with each other under ``tag``; no other process takes part. A peer that does not arrive within
+    ``config.distributed_timeout_s`` raises ``DistributedError``.
+
+    Example::
+
+        theirs = exchange(1 - process_index(), "shapes", json.dumps(shape).encode())
+    """
+    me = process_index()
+    if not 0 <= peer < process_count() or peer == me:
+        raise ValueError(f"exchange({peer}, {tag!r}): the peer must be another process of the {process_count()}")
+    pair = (min(me, peer), max(me, peer))
+    with _lock:
+        counts = _state.setdefault("exchange", {})
+        count = counts[(tag, pair)] = counts.get((tag, pair), 0) + 1
+    base = f"lazyxla/exchange/{tag}/{pair[0]}-{pair[1]}/{count}"
+    client = _client()
+    try:
+        client.key_value_set_bytes(f"{base}/{me}", bytes(payload))
+        theirs = client.blocking_key_value_get_bytes(f"{base}/{peer}", int(config.distributed_timeout_s * 1000))
+    except Exception as e:
+        raise DistributedError(
+            f"exchange({tag!r}) of process {me} with process {peer}: the peer did not arrive within "
+            f"{config.distributed_timeout_s} s ({type(e).__name__}: {e})"
+        ) from e
+    client.key_value_delete(f"{base}/{peer}")  # read once, by this process only
+    return theirs
+
+
 def mesh_reduce(tag: str, data: Any, reduce_fn) -> Any:
     """Gather ``data`` from every process and return ``reduce_fn(list_of_values)``.
 

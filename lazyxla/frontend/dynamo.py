@@ -44,6 +44,17 @@ layer) are registered with :func:`allow_in_graph`, so a compiled function calls 
 ``torch.ops.lazyxla`` collective op, and a graph holding one is recorded as ``compiled_graph_collective``,
 whose program spans the run's replicas (``lowering/replica.py``) with the collectives inside, as in lazy mode.
 
+Compiling at the call (``openxla_backend``: torch_xla's ``openxla`` and ``openxla_eval`` backends only): torch_xla
+compiles a graph when Dynamo first calls it, so its users read ``CompileTime`` right after that call. Graphs made
+through ``openxla_backend`` record their node as above and then build the program of that node alone, its inputs as
+parameters (``lazy.graph.prepare``), unless the compile cache holds it; nothing runs until the sync. When the inputs
+hold device data (inference on a model's parameters and a batch) that is the very program a read of the results
+runs, so the read compiles nothing more; in a training step (the backward graph takes the forward's pending outputs,
+the optimizer follows) the sync still runs one fused program, a different one, so the first step compiles the forward
+and backward graphs once more on their own (later steps hit the cache; torch_xla compiles them once each, and runs
+them as separate programs). ``backend="lazyxla"`` does not compile at the call: its first step builds only the fused
+program, with no compile a run never uses.
+
 Fallback: a graph that cannot be one op runs op by op in lazy mode instead (the FX graph module called
 on the lazyxla tensors; warned once per graph, counted as ``dynamo_op_by_op_calls``): an op with no
 rule and no decomposition (lazy mode runs it on the CPU), a host read, tensors off the device. Graph breaks
@@ -77,7 +88,7 @@ from lazyxla.device import devices
 from lazyxla.device.devices import on_device
 from lazyxla.ir import IN, Leaf, canonical, digest, node, op_hash
 from lazyxla.lazy import eager, rng
-from lazyxla.lazy.graph import plan_values
+from lazyxla.lazy.graph import plan_values, prepare
 from lazyxla.lazy.placeholders import disarm, placeholder
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
@@ -260,17 +271,21 @@ class CompiledGraph:
     ``lazyxla.compiled_graph`` node and returns lazyxla tensors of its outputs, pending until the next
     ``lazyxla.sync()``. The first call for an input signature traces the graph (see the module doc).
 
+    ``compile_at_call`` (the ``openxla`` backends): a call also builds the program of its node alone, unless the
+    compile cache holds it (see the module doc, "Compiling at the call").
+
     Example::
 
         compiled = CompiledGraph(gm, "forward")          # what the backend hands AOTAutograd
         outs = compiled([x, w])                          # one IR node; values at lazyxla.sync()
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, compile_at_call: bool = False) -> None:
         # an instance attribute: Dynamo's ``disable`` wrapper copies ``__dict__`` (not class attributes)
         self._boxed_call = True
         self.gm = gm
         self.kind = kind
+        self.compile_at_call = compile_at_call
         self.traces: dict[tuple, _Trace | str] = {}  # input signature -> trace, or why it runs op by op
         self.why_op_by_op = self._static_reason(gm)
         self.warned = False
@@ -344,6 +359,8 @@ class CompiledGraph:
         if config.explain_recompiles:
             diagnostics.note_recorded(n)
         metrics.inc("dynamo_calls")
+        if self.compile_at_call and not config.eager:  # (eager mode computes the node at once: compiled there)
+            prepare([(n, x) for x in range(len(trace.avals))])
         results = eager.computed([LazyTensor((n, x), a) for x, a in enumerate(trace.avals)])  # now, in eager mode
         out = []
         for how, x in trace.outputs:
@@ -380,28 +397,28 @@ def _decompositions() -> dict:
     return {op: fn for op, fn in table.items() if op not in RULES and op not in SPECIAL_OPS}
 
 
-def _compiler(kind: str) -> Callable:
+def _compiler(kind: str, compile_at_call: bool) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
         metrics.inc("dynamo_graphs")
-        return CompiledGraph(gm, kind)
+        return CompiledGraph(gm, kind, compile_at_call)
 
     compile_graph.__name__ = f"lazyxla_{kind}_compiler"
     return compile_graph
 
 
 @functools.cache
-def _aot_backend():
+def _aot_backend(compile_at_call: bool):
     return torch_private.aot_autograd(
-        fw_compiler=_compiler("forward"),
-        bw_compiler=_compiler("backward"),
-        inference_compiler=_compiler("inference"),
+        fw_compiler=_compiler("forward", compile_at_call),
+        bw_compiler=_compiler("backward", compile_at_call),
+        inference_compiler=_compiler("inference", compile_at_call),
         decompositions=_decompositions(),
         keep_inference_input_mutations=False,
     )
 
 
 def _warn_once(key: str, message: str) -> None:
-    warn_once("dynamo:" + key, message, stacklevel=3)
+    warn_once("dynamo:" + key, message, stacklevel=4)  # (from _backend: the user's frame is 4 up)
 
 
 def _uses_autocast(gm: torch.fx.GraphModule) -> bool:
@@ -428,6 +445,23 @@ def lazyxla_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: An
         loss = loss_fn(step(x), y); loss.backward(); opt.step(); opt.zero_grad()
         lazyxla.sync()                      # forward, backward and optimizer: one XLA program
     """
+    return _backend(gm, example_inputs, False, **kwargs)
+
+
+def openxla_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """:func:`lazyxla_backend` whose graphs also compile when called (torch_xla's ``openxla`` backends, through
+    ``torch_xla._dynamo.dynamo_bridge``): a call builds the program of its graph unless the cache holds it, so
+    ``CompileTime`` has its sample when the first call returns; values are still computed at the next sync.
+
+    Example::
+
+        forward = torch.compile(model, backend=openxla_backend)
+        out = forward(x)           # compiled now; out is computed at lazyxla.sync() (or when read)
+    """
+    return _backend(gm, example_inputs, True)
+
+
+def _backend(gm: torch.fx.GraphModule, example_inputs: list, compile_at_call: bool, **kwargs: Any) -> Callable:
     if kwargs.get("options"):
         raise TypeError(
             f"torch.compile(backend='lazyxla') takes no options (got {kwargs['options']!r}); remove options=. "
@@ -452,7 +486,7 @@ def lazyxla_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: An
         )
         metrics.inc("dynamo_autocast_graphs")
         return gm.forward
-    return _aot_backend()(gm, example_inputs)
+    return _aot_backend(compile_at_call)(gm, example_inputs)
 
 
 # ---- registration ----------------------------------------------------------------------------------------

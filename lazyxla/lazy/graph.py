@@ -14,7 +14,7 @@ from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
-from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, wiring
+from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, rewired, wiring
 from lazyxla.lazy import rebase
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors
@@ -76,15 +76,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     with metrics.timer("trace"):
         roots, order, leaves, events = plan(tensors)
         donate = _donatable(leaves, tensors, keep) if keep is not None and config.donate else ()
-        key = (
-            device,
-            tuple((m.hash, i) for m, i in roots),
-            tuple(leaf.avals[0] for leaf in leaves),
-            events,
-            tuple(donate),  # a program donates buffers: one compiled for other donations would free held data
-            layouts(leaves) if devices.spmd_enabled() else None,
-            config.compile_key(),
-        )
+        key = _key(device, roots, leaves, events, donate)
     for region in diagnostics.active_regions():
         region.saw(key, order, leaves)
     if devices.spmd_enabled() and config.spmd_check_programs:
@@ -187,6 +179,54 @@ class Ran:
 observers: list = []
 
 
+def _key(device: int, roots, leaves, events, donate) -> tuple:
+    """The compile cache's key of a walked graph (``plan``) run with ``donate``."""
+    return (
+        device,
+        tuple((m.hash, i) for m, i in roots),
+        tuple(leaf.avals[0] for leaf in leaves),
+        events,
+        tuple(donate),  # a program donates buffers: one compiled for other donations would free held data
+        layouts(leaves) if devices.spmd_enabled() else None,
+        config.compile_key(),
+    )
+
+
+def prepare(values: list[tuple]) -> bool:
+    """Build (compile, or load from disk) the program of the nodes of the IR ``values`` alone, their inputs as its
+    parameters: nothing runs and no tensor changes. Returns whether a program was built (False: the cache held it).
+
+    A pending input stands in as device data of its shape (its own work is not part of this program); when every
+    input already holds data, this is the very program that a read of ``values`` runs, so that read compiles
+    nothing more. For ``torch.compile(backend='openxla')``, which compiles a graph when it is called, as torch_xla
+    does (``frontend/dynamo.py``).
+
+    Example::
+
+        graph.prepare([(n, 0)])      # n's program is in the compile cache; n's value is still pending
+    """
+    stand_ins: dict[tuple[int, int], tuple] = {}
+
+    def parameter(m, i) -> tuple:
+        if m.op.__class__ is Leaf:
+            return (m, i)
+        if (id(m), i) not in stand_ins:
+            stand_ins[(id(m), i)] = (leaf(Leaf.DATA, None, m.avals[i], m.device), 0)
+        return stand_ins[(id(m), i)]
+
+    alone = {}
+    for n, _ in values:
+        if id(n) not in alone:
+            alone[id(n)] = rewired(n, tuple(parameter(m, i) for m, i in n.inputs))
+    roots, order, leaves, events = plan_values([(alone[id(n)], i) for n, i in values])
+    device = roots[0][0].device
+    key = _key(device, roots, leaves, events, ())
+    if cache.holds(key):
+        return False
+    cache.get(key, order, leaves, roots, device, ())
+    return True
+
+
 def arguments(compiled, leaves, device: int) -> list:
     """The program's arguments, checked against what it was compiled for (no mismatched buffer reaches XLA).
     The packed scalars and RNG keys go with the call on one device (jax copies them; counted, not timed apart),
@@ -200,7 +240,7 @@ def arguments(compiled, leaves, device: int) -> list:
         args[n:] = devices.send(args[n:], device)
     elif len(args) > n:
         args[n:] = devices.passed(args[n:])
-    compiled.check_arguments(args, leaves)
+    compiled.checkarguments(args, leaves)
     return args
 
 

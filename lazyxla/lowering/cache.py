@@ -256,9 +256,10 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
     if dev is None:  # SPMD: inputs keep their layouts, XLA's partitioner chooses the outputs'
         body = _uneven_layouts(graph_fn(order, leaves, roots, layout), leaves, roots, layout)
         fn = jax.jit(body, donate_argnums=donate)
-        shardings = [leaves[i].payload.sharding for i in layout.data]
+        # (an input without a buffer stands in for a pending value, ``graph.prepare``: lowered replicated)
+        shardings = [None if leaves[i].payload is None else leaves[i].payload.sharding for i in layout.data]
         replicated = _replicated_like(shardings)
-        shardings = [replicated if s.is_fully_replicated else s for s in shardings]
+        shardings = [replicated if s is None or s.is_fully_replicated else s for s in shardings]
         return fn.lower(*layout.specs(leaves, replicated, shardings))
     sharding = jax.sharding.SingleDeviceSharding(dev)
     fn = jax.jit(graph_fn(order, leaves, roots, layout), donate_argnums=donate, out_shardings=sharding)

@@ -8,6 +8,8 @@ as shape ``(1,)``), and gets its own block of each result back. Collectives insi
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
@@ -75,3 +77,30 @@ def replicas() -> Replicas:
     if _replicas is None:
         _replicas = Replicas()
     return _replicas
+
+
+@functools.cache
+def _pair_program(src: int, dst: int):
+    """XLA's collective permute from process ``src`` to process ``dst`` over a mesh of their two devices (the other
+    processes take no part), and the layout of its global argument."""
+    every = processes.replica_devices()
+    mesh = jax.sharding.Mesh(np.array([every[src], every[dst]]), (AXIS,))
+    body = jax.shard_map(lambda b: jax.lax.ppermute(b, AXIS, [(0, 1)]), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+    return jax.jit(body), NamedSharding(mesh, P(AXIS))
+
+
+def permute_pair(block: jax.Array, src: int, dst: int) -> jax.Array:
+    """Send ``block`` from replica ``src`` to replica ``dst`` in one program of those two processes (both call it,
+    with blocks of one shape and dtype, on their own device); returns this process's block of the result: ``src``'s
+    values in ``dst``, zeros in ``src``. torch.distributed's ``send``/``recv`` on the device.
+
+    Example::
+
+        got = permute_pair(mine, src=0, dst=1)       # in process 0 and in process 1
+    """
+    fn, sharding = _pair_program(src, dst)
+    with devices.x64():
+        flat = block.reshape((1,)) if block.ndim == 0 else block
+        shape = (2 * flat.shape[0], *flat.shape[1:])
+        out = fn(jax.make_array_from_single_device_arrays(shape, sharding, [flat])).addressable_data(0)
+    return out.reshape(block.shape)

@@ -6,6 +6,11 @@ graph like ``lazyxla.all_reduce``, so ``DistributedDataParallel`` and plain ``di
 inside the compiled step. Collectives on CPU tensors (small metadata some libraries exchange) go
 through the run's coordination service on the host, in lazyxla's wire encoding (never pickled). Each
 call returns a completed ``Work``: the result is a lazy value, computed with the rest of the step.
+
+``send``/``recv`` are not recorded: the two processes meet at once (the others take no part), agree on the
+tensor's shape and dtype through the coordination service, and run XLA's collective permute in a program of
+their two devices (device tensors; its pending work is computed first) or pass the value through the service
+(CPU tensors). The received value is written into the receiver's tensor.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from torch.distributed import ProcessGroup
 
 from lazyxla import torch_private
 from lazyxla.device import devices, processes, wire
-from lazyxla.lazy.graph import sync
+from lazyxla.ir import Leaf, leaf
+from lazyxla.lazy.graph import sync, sync_tensors
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
+from lazyxla.lowering.replica import permute_pair
 from lazyxla.parallel.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 
 _OPS = {
@@ -240,6 +248,57 @@ class LazyxlaProcessGroup(ProcessGroup):
         sync()
         processes.rendezvous("pg/barrier")
         return done([])
+
+    # -- point to point ------------------------------------------------------------------------------
+
+    def _global_rank(self, group_rank: int) -> int:
+        return group_rank if self is dist.group.WORLD else dist.get_global_rank(self, group_rank)
+
+    def send(self, tensors, dst_rank, tag=0):
+        me = processes.process_index()
+        for t in tensors:
+            _point_to_point(t, me, self._global_rank(dst_rank))
+        return done(list(tensors))
+
+    def recv(self, tensors, src_rank, tag=0):
+        me = processes.process_index()
+        for t in tensors:
+            _point_to_point(t, self._global_rank(src_rank), me)
+        return done(list(tensors))
+
+
+def _point_to_point(t: torch.Tensor, src: int, dst: int) -> None:
+    """``t``'s value from process ``src`` into ``t`` in process ``dst`` (this process is one of them; the other
+    calls this too, with a tensor of the same shape, dtype and device kind, or both raise ``ValueError``)."""
+    me = processes.process_index()
+    if src == dst:
+        raise ValueError(f"send/recv: process {me} cannot send a tensor to itself")
+    if devices.spmd_enabled():
+        raise RuntimeError("send/recv between processes do not mix with SPMD mode: lay tensors out with mark_sharding")
+    on_device = _on_device([t])
+    spec = {"shape": list(t.shape), "dtype": str(t.dtype), "device": "lazyxla" if on_device else str(t.device)}
+    value = t if me == src and not on_device else None  # a CPU tensor travels with the handshake
+    theirs = wire.decode(
+        processes.exchange(dst if me == src else src, f"p2p/{src}->{dst}", wire.encode({**spec, "value": value})),
+        f"process {dst if me == src else src}'s send/recv",
+    )
+    received = theirs.pop("value")
+    if theirs != spec:
+        role = "sends" if me == src else "receives into"
+        raise ValueError(f"send/recv from process {src} to {dst}: process {me} {role} {spec}, its peer has {theirs}")
+    if not t.numel():
+        return
+    if not on_device:
+        if me == dst:
+            t.copy_(received)
+        return
+    lt = unwrap(t)
+    sync_tensors([lt], reason="torch.distributed send/recv")
+    out = permute_pair(lt._value[0].payload, src, dst)
+    if me == dst:
+        got = LazyTensor((leaf(Leaf.DATA, out, lt._aval, lt._value[0].device), 0), lt._aval)
+        with torch.no_grad():
+            t.copy_(wrap(got))
 
 
 def _bitwise(op: ReduceOp, stack: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,7 @@ NAME_REASONS = {
     ("torch_xla.experimental", "eager_mode_context"): "issue 17 point 4",
 }
 _SHARDED_TENSOR = "no padding; autograd records on the wrapped tensor"  # both import paths of the one class
+_AUTO = "a fixed policy (parameters split on their first dimension the devices divide) stands for XLA's auto-sharding"
 
 # Names the layer has that do less than torch_xla's (what differs is in docs/migrating-from-torch_xla.md).
 PARTIAL = {
@@ -99,11 +100,10 @@ PARTIAL = {
     ("torch_xla.debug.profiler", "trace"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.profiler", "trace_detached"): "needs xprof (pip install xprof)",
     ("torch_xla.debug.metrics", "metrics_report"): "lazyxla's metrics; torch_xla's C++ ones are absent",
-    ("torch_xla.distributed.xla_backend", "ProcessGroupXla"): "no send/recv (xm.collective_permute does it)",
     ("torch_xla.distributed.spmd", "XLAShardedTensor"): _SHARDED_TENSOR,
     ("torch_xla.distributed.spmd.xla_sharded_tensor", "XLAShardedTensor"): _SHARDED_TENSOR,
-    ("torch_xla.distributed.spmd", "auto_policy"): "auto-sharding: xla_distribute_module raises",
-    ("torch_xla.distributed.spmd.api", "auto_policy"): "auto-sharding: xla_distribute_module raises",
+    ("torch_xla.distributed.spmd", "auto_policy"): _AUTO,
+    ("torch_xla.distributed.spmd.api", "auto_policy"): _AUTO,
     ("torch_xla.experimental.distributed_checkpoint", "CheckpointManager"): "local or mounted folders (no fsspec URL)",
 }
 

@@ -184,8 +184,8 @@ SETTINGS = {
         devices=4, cases=("ConvertV2ShardingToV1Test",)
     ),
     "test/spmd/test_dynamo_spmd.py": Setting(
-        known="torch.compile(backend='openxla') compiles at its first call in torch_xla (CompileTime is counted when "
-        "it returns); lazyxla records the compiled graph and compiles it at the next sync"
+        known="counts the program torch_xla's runtime compiles to gather a result laid out over several devices for "
+        ".cpu() (ReplicateShardedData); jax gathers the shards without compiling one"
     ),
     "test/spmd/test_sharding_strategies.py": Setting(
         devices=4, args=("--batch_size", "64", "--embedding_dimension", "32")

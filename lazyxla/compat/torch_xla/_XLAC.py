@@ -1,5 +1,6 @@
 """``torch_xla._XLAC`` on lazyxla: the bindings of torch_xla's C++ module that libraries and torch_xla's public
-tests call: ``_xla_get_tensor_id``, ``_get_xla_sharding_spec`` and ``_ensure_xla_coordinator_initialized``.
+tests call: ``_xla_get_tensor_id``, ``_get_xla_sharding_spec``, ``_ensure_xla_coordinator_initialized`` and
+``_xla_get_auto_sharding``.
 
 transformers' ``id_tensor_storage`` (``save_pretrained``'s search for tied weights) and peft's equivalent ask it
 for a tensor whose ``device.type`` is ``"xla"``, because XLA tensors have no storage pointer. Every other name
@@ -18,6 +19,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.compat._common import missing_attribute
+from lazyxla.compat.torch_xla.debug import metrics as met
 from lazyxla.device import processes
 from lazyxla.device.devices import on_device
 
@@ -71,6 +73,18 @@ def _ensure_xla_coordinator_initialized(
             f"_ensure_xla_coordinator_initialized(global_rank={global_rank}, world_size={world_size}): this run's "
             f"coordinator serves {size} process(es) and this one is rank {rank}"
         )
+
+
+def _xla_get_auto_sharding() -> bool:
+    """Whether auto-sharding mode is on (``torch_xla.runtime.use_spmd(auto=True)``, which says what it means in
+    lazyxla).
+
+    Example::
+
+        xr.use_spmd(auto=True)
+        assert torch_xla._XLAC._xla_get_auto_sharding()
+    """
+    return met.auto_sharding()
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ import jax
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, stub, unsupported
+from lazyxla.compat.torch_xla.debug import metrics as met
 from lazyxla.config import foreign_env
 from lazyxla.device.processes import _backend_started
 
@@ -189,21 +190,30 @@ def global_runtime_device_count() -> int:
 def use_spmd(auto: bool = False) -> None:
     """Turn SPMD mode on (``lazyxla.spmd.enable()``): the device stands for every device of the run and
     ``xs.mark_sharding`` annotations drive XLA's partitioner. Call it before any tensor is on the device
-    (lazyxla raises otherwise; torch_xla would replicate the existing tensors). ``auto=True``
-    (auto-sharding) is not supported. Sets ``XLA_USE_SPMD=1`` in the environment, as torch_xla does.
+    (lazyxla raises otherwise; torch_xla would replicate the existing tensors). Sets ``XLA_USE_SPMD=1`` in the
+    environment, as torch_xla does.
+
+    ``auto=True``: torch_xla's auto-sharding mode (``XLA_AUTO_SPMD=1``, ``_XLAC._xla_get_auto_sharding()``, the
+    counter ``CompileWithAutoSharding``). torch_xla has XLA choose every layout with its auto-sharding pass; jax has
+    no public way to ask for that pass, and the XLA CPU compiler of jaxlib 0.10 accepts the option and leaves every
+    value replicated. So in lazyxla the mode applies a fixed policy where torch_xla applies the pass: a module given to
+    ``xs.xla_distribute_module(module, mesh, auto_policy)`` has each parameter split over all devices on its first
+    dimension they divide (``lazyxla.spmd.fsdp`` over a 1-D mesh), and XLA's partitioner propagates the layouts
+    to the rest; tensors nothing annotates stay replicated (docs/migrating-from-torch_xla.md, "Auto-sharding").
 
     Example::
 
         xr.use_spmd()
         model = Net().to(xm.xla_device())
     """
-    if auto:
-        unsupported("torch_xla.runtime.use_spmd(auto=True)", "explicit xs.mark_sharding / lazyxla.spmd.fsdp")
     try:
         lazyxla.spmd.enable()
     except RuntimeError as e:
         raise RuntimeError(f"torch_xla.runtime.use_spmd: {e}") from None
     os.environ["XLA_USE_SPMD"] = "1"  # as torch_xla does: scripts read it (lazyxla itself does not)
+    if auto:
+        met.auto_sharding_began()
+        os.environ["XLA_AUTO_SPMD"] = "1"
 
 
 def is_spmd() -> bool:

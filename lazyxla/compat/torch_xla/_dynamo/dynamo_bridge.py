@@ -5,9 +5,11 @@ and ``openxla_eval`` (Dynamo's graph as it is) itself; both hand each graph, at 
 :func:`extract_compiled_graph` here. So with the compatibility layer installed both names are lazyxla's
 ``torch.compile`` backend (``lazyxla.dynamo``): an ATen graph becomes one op of the lazy IR
 (``lazyxla.dynamo.CompiledGraph``), traced once per input signature; Dynamo's own graph goes through
-``lazyxla.dynamo.lazyxla_backend`` (AOTAutograd there, which also writes the function's in-place updates of its
-arguments back). As with ``backend='lazyxla'``, a call records one op: its values are computed at the next sync
-with the rest of the step (at once in eager mode), where torch_xla runs the graph at the call.
+``lazyxla.dynamo.openxla_backend`` (AOTAutograd there, which also writes the function's in-place updates of its
+arguments back). As in torch_xla, a call compiles its graph's program unless the compile cache holds it
+(``CompileTime`` has a sample when the first call returns); as with ``backend='lazyxla'``, a call records one op,
+whose values are computed at the next sync with the rest of the step (at once in eager mode), where torch_xla runs
+the graph at the call.
 
 Example::
 
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lazyxla import torch_private
-from lazyxla.dynamo import CompiledGraph, lazyxla_backend
+from lazyxla.dynamo import CompiledGraph, openxla_backend
 
 __all__ = ["extract_compiled_graph"]
 
@@ -51,10 +53,10 @@ def extract_compiled_graph(xla_model: torch.fx.GraphModule, xla_args: Sequence) 
         out = compiled(x, y)
     """
     if _is_aten_graph(xla_model):
-        graph = CompiledGraph(xla_model, "openxla")
+        graph = CompiledGraph(xla_model, "openxla", compile_at_call=True)
         return lambda *args: graph(*args)
     gm, single = _with_tuple_output(xla_model)
-    compiled = lazyxla_backend(gm, list(xla_args))
+    compiled = openxla_backend(gm, list(xla_args))
     return (lambda *args: compiled(*args)[0]) if single else compiled
 
 

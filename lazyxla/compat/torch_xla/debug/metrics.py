@@ -12,6 +12,8 @@ torch_xla name                 lazyxla source
 ``ExecuteComputation``         counter ``executions``
 ``CreateCompileHandles``       ``compiles - persistent_cache_hits`` (programs XLA compiled; a program loaded
                                from the persistent cache is not compiled, as in torch_xla)
+``CompileWithAutoSharding``    the same, counted from ``xr.use_spmd(auto=True)`` on (see
+                               ``torch_xla.runtime.use_spmd``: lazyxla's policy stands for the pass)
 ``CreateDataHandles``          counter ``device_buffers`` (each buffer a copy from the host puts on a device,
                                and each result buffer of a program)
 ``aten::_local_scalar_dense``  counter ``scalar_reads`` (``.item()``, ``if t:``: a host read)
@@ -84,12 +86,41 @@ _METRICS = {
 _SIZES = frozenset({"OutboundData", "InboundData", "bytes_to_device", "bytes_from_device"})  # bytes, not time
 
 
+# XLA compiles counted before torch_xla's auto-sharding mode began (``xr.use_spmd(auto=True)``); None: not on
+_auto_sharding_from: list[int | None] = [None]
+
+
+def auto_sharding_began() -> None:
+    """Count ``CompileWithAutoSharding`` from now on: the programs compiled while auto-sharding mode is on (it
+    stays on for the rest of the process, as in torch_xla). Called by ``torch_xla.runtime.use_spmd(auto=True)``.
+
+    Example::
+
+        auto_sharding_began(); torch_xla.sync(); met.counter_value("CompileWithAutoSharding")     # 1
+    """
+    if _auto_sharding_from[0] is None:
+        raw = lazyxla.metrics.counters()
+        _auto_sharding_from[0] = raw["compiles"] - raw["persistent_cache_hits"]
+
+
+def auto_sharding() -> bool:
+    """Whether torch_xla's auto-sharding mode is on (``torch_xla._XLAC._xla_get_auto_sharding``).
+
+    Example::
+
+        if auto_sharding(): print(counter_value("CompileWithAutoSharding"))
+    """
+    return _auto_sharding_from[0] is not None
+
+
 def _all_counters() -> dict[str, int]:
     raw = lazyxla.metrics.counters()
     out = {name: raw.get(source, 0) for name, source in _COUNTERS.items()}
     # torch_xla counts the programs its runtime compiled; lazyxla's ``compiles`` also counts the programs it
     # loaded from the persistent cache, which torch_xla does not compile either
     out["CreateCompileHandles"] = raw["compiles"] - raw["persistent_cache_hits"]
+    if auto_sharding():  # (max: counters zeroed by lazyxla.metrics.reset() rather than by clear_counters)
+        out["CompileWithAutoSharding"] = max(0, out["CreateCompileHandles"] - _auto_sharding_from[0])
     for name, value in raw.items():
         if name.startswith("fallback."):
             op = name[len("fallback.") :]
@@ -130,6 +161,8 @@ def clear_counters() -> None:
         met.clear_counters()
     """
     _metrics.reset_counters()
+    if auto_sharding():
+        _auto_sharding_from[0] = 0
 
 
 def metric_names() -> list[str]:
@@ -178,6 +211,8 @@ def clear_all() -> None:
         met.clear_all()
     """
     lazyxla.metrics.reset()
+    if auto_sharding():
+        _auto_sharding_from[0] = 0
 
 
 _PERCENTILES = (1, 5, 10, 20, 50, 80, 90, 95, 99)

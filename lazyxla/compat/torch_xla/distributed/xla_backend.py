@@ -56,9 +56,10 @@ def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
 class ProcessGroupXla(LazyxlaProcessGroup):
     """torch_xla's process group of backend ``"xla"``: lazyxla's process group over the replica groups of
     its mesh (``_mesh``; ``[]``: the whole world), made by ``dist.init_process_group("xla")`` and
-    ``dist.new_group``. ``broadcast`` roots are group ranks, turned into global ones. As in torch_xla,
-    ``allreduce_coalesced``, ``recv_anysource``, ``monitored_barrier`` and ``Options`` raise
-    ``NotImplementedError``; ``barrier`` only ends the step's program.
+    ``dist.new_group``. ``broadcast`` roots are group ranks, turned into global ones. ``send``/``recv`` move a
+    tensor between two processes at the call, by XLA's collective permute (torch_xla's too), warning at each call
+    as torch_xla does. As in torch_xla, ``allreduce_coalesced``, ``recv_anysource``, ``monitored_barrier`` and
+    ``Options`` raise ``NotImplementedError``; ``barrier`` only ends the step's program.
 
     Example::
 
@@ -104,17 +105,39 @@ class ProcessGroupXla(LazyxlaProcessGroup):
     def reduce_scatter_coalesced(self, outputs, input_lists, opts=None):
         return self.reduce_scatter(outputs, input_lists, opts)
 
+    def send(self, tensors, dst_rank, tag=0):
+        logging.warning(_ONE_PAIR)  # (torch_xla warns at every call)
+        return super().send(tensors, dst_rank, tag)
+
+    def recv(self, out_tensors, src_rank, tag=0):
+        logging.warning(_ONE_PAIR)
+        return super().recv(out_tensors, src_rank, tag)
+
+    # torch_xla's ProcessGroupXla raises NotImplementedError for these four too
     def allreduce_coalesced(self, *args):
-        raise NotImplementedError("ProcessGroupXla.allreduce_coalesced (torch_xla has none): use dist.all_reduce")
+        raise NotImplementedError(
+            "ProcessGroupXla.allreduce_coalesced: torch_xla does not offer it either; use dist.all_reduce"
+        )
 
     def recv_anysource(self, *args):
-        raise NotImplementedError("ProcessGroupXla.recv_anysource: XLA collectives name their source")
+        raise NotImplementedError(
+            "ProcessGroupXla.recv_anysource: torch_xla does not offer it either (XLA's collectives name their "
+            "source); use dist.recv(tensor, src)"
+        )
 
     def monitored_barrier(self, *args):
-        raise NotImplementedError("ProcessGroupXla.monitored_barrier: use dist.barrier")
+        raise NotImplementedError(
+            "ProcessGroupXla.monitored_barrier: torch_xla does not offer it either; use dist.barrier"
+        )
 
     def Options(self, *args):
-        raise NotImplementedError("ProcessGroupXla.Options")
+        raise NotImplementedError("ProcessGroupXla.Options: torch_xla does not offer it either")
+
+
+_ONE_PAIR = (
+    "Individual send/recv ops are inefficient on an XLA device: each is a program of its own. Consider "
+    "xm.collective_permute() with every source-target pair."
+)
 
 
 def _create(prefix_store, rank: int, size: int, timeout) -> ProcessGroupXla:

@@ -406,12 +406,13 @@ disable_manual_sharding = stub("torch_xla.distributed.spmd.disable_manual_shardi
 
 
 def auto_policy(mod_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
-    """The ``partition_fn`` that asks ``xla_distribute_module`` for XLA's automatic sharding, which lazyxla
-    does not offer: passing it raises.
+    """The ``partition_fn`` that asks ``xla_distribute_module`` for auto-sharding (it does nothing itself, as in
+    torch_xla): the module goes to the device in auto-sharding mode (``xr.use_spmd(auto=True)``), where lazyxla
+    splits each parameter over every device on its first dimension they divide (see ``xla_distribute_module``).
 
     Example::
 
-        xla_distribute_module(model, mesh, partition_fn=my_partition_fn)    # not auto_policy
+        model = xla_distribute_module(Net(), DeviceMesh("xla", list(range(n))), auto_policy)   # a CPU module
     """
     return None
 
@@ -484,6 +485,9 @@ def xla_distribute_module(
     """Lay ``module`` out over ``device_mesh``: ``partition_fn(name, submodule, mesh)`` is called for every
     submodule (it marks the parameters it wants split; the rest stay replicated), and ``input_fn`` /
     ``output_fn`` (``(module, inputs_or_outputs, mesh)``) become forward pre- and post-hooks. Returns ``module``.
+    ``partition_fn=auto_policy`` takes a module on the CPU, moves it to the device in auto-sharding mode and splits
+    each parameter over every device on its first dimension they divide (lazyxla's stand-in for XLA's auto-sharding
+    pass: see ``torch_xla.runtime.use_spmd``).
 
     Example::
 
@@ -493,14 +497,36 @@ def xla_distribute_module(
         xla_distribute_module(model.to("xla"), mesh, shard_linears)
     """
     if getattr(partition_fn, "__name__", "") == "auto_policy":
-        raise NotImplementedError(
-            "xla_distribute_module(partition_fn=auto_policy): lazyxla has no automatic sharding; pass a "
-            "partition_fn that marks the parameters to split (see docs/migrating-from-torch_xla.md)"
-        )
+        return _distribute_auto(module, input_fn, output_fn, device_mesh)
     xr.use_spmd()
     if partition_fn is not None:
         for name, submodule in module.named_modules():
             partition_fn(name, submodule, device_mesh)
+    return _with_hooks(module, input_fn, output_fn, device_mesh)
+
+
+AUTO_AXIS = "auto"  # the mesh axis auto-sharding splits parameters over: every device of the run
+
+
+def _distribute_auto(module: nn.Module, input_fn, output_fn, device_mesh) -> nn.Module:
+    """``partition_fn=auto_policy``: as torch_xla, a module still on the CPU goes to the device in auto-sharding
+    mode (the given mesh is not used: torch_xla's pass picks its own). Where torch_xla runs XLA's auto-sharding
+    pass, which jax offers no public way to run (and the CPU compiler of jaxlib 0.10 leaves every value replicated
+    when asked through the compile options), lazyxla applies a fixed policy: each parameter split over all devices
+    on its first dimension they divide, the rest replicated (``lazyxla.spmd.fsdp`` over a 1-D mesh); XLA's
+    partitioner propagates these layouts through the program. The numbers are the unsharded model's."""
+    first = next(module.parameters(), None)
+    assert first is None or not on_device(first), (
+        "xla_distribute_module(partition_fn=auto_policy) needs the module on the CPU: it moves it to the device"
+    )
+    xr.use_spmd(auto=True)
+    module = module.to(lazyxla.device())
+    lazyxla.spmd.fsdp(module, lazyxla.spmd.mesh((-1,), (AUTO_AXIS,)), AUTO_AXIS)
+    return _with_hooks(module, input_fn, output_fn, device_mesh)
+
+
+def _with_hooks(module: nn.Module, input_fn, output_fn, device_mesh) -> nn.Module:
+    """``module`` with ``input_fn`` / ``output_fn`` as forward pre- and post-hooks."""
     if input_fn is not None:
         pre = _hook(input_fn, device_mesh, "input_fn")
         module.register_forward_pre_hook(lambda mod, inputs: pre(mod, inputs))
