@@ -240,7 +240,7 @@ def arguments(compiled, leaves, device: int) -> list:
         args[n:] = devices.send(args[n:], device)
     elif len(args) > n:
         args[n:] = devices.passed(args[n:])
-    compiled.checkarguments(args, leaves)
+    compiled.check_arguments(args, leaves)
     return args
 
 
