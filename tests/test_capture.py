@@ -139,6 +139,10 @@ def test_dropout_draws_the_same_random_numbers_as_lazy_mode(dev):
     _assert_identical(lazy, replayed)
 
 
+def _loss(model, ids, target):
+    return F.cross_entropy(model(ids).flatten(0, 1), target.flatten())
+
+
 def _make(dev, opt_kind="sgd_momentum"):
     torch.manual_seed(0)
     model = _Tiny().to(dev)
@@ -152,7 +156,7 @@ def _run_changes(dev, captured, change):
 
     def step(ids, target, scale=1.0):
         opt.zero_grad()
-        loss = F.cross_entropy(model(ids).flatten(0, 1), target.flatten()) * scale
+        loss = _loss(model, ids, target) * scale
         loss.backward()
         opt.step()
         return loss
@@ -270,7 +274,7 @@ def test_a_host_read_inside_the_step_is_recorded_every_call_and_says_why(dev):
 
     def step(ids, target):
         opt.zero_grad()
-        loss = F.cross_entropy(model(ids).flatten(0, 1), target.flatten())
+        loss = _loss(model, ids, target)
         seen.append(loss.item())  # a host read: the step is two programs
         loss.backward()
         opt.step()
@@ -291,7 +295,7 @@ def test_a_tensor_outside_the_known_locations_is_refused_with_the_reason(dev):
 
     def step(ids, target):
         opt.zero_grad()
-        loss = F.cross_entropy(model(ids).flatten(0, 1), target.flatten()) + hidden[0].sum()
+        loss = _loss(model, ids, target) + hidden[0].sum()
         loss.backward()
         opt.step()
         return loss
@@ -348,7 +352,7 @@ def test_cpu_tensor_arguments_are_refused(dev):
 
     def step(ids, target):
         opt.zero_grad()
-        loss = F.cross_entropy(model(ids.to(dev)).flatten(0, 1), target.to(dev).flatten())
+        loss = _loss(model, ids.to(dev), target.to(dev))
         loss.backward()
         opt.step()
         return loss
@@ -384,7 +388,7 @@ def test_a_module_copy_is_a_different_world(dev):
 
     def step(ids, target):
         opt.zero_grad()
-        loss = F.cross_entropy(holder["m"](ids).flatten(0, 1), target.flatten())
+        loss = _loss(holder["m"], ids, target)
         loss.backward()
         opt.step()
         return loss

@@ -10,7 +10,6 @@ Example::
     n = xr.global_runtime_device_count()
     print(xr.device_type(), n, xr.world_size(), xr.global_ordinal())
 """
-
 from __future__ import annotations
 
 import os
