@@ -18,7 +18,7 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph
-from lazyxla.lazy.meta import leaves
+from lazyxla.lazy.meta import leaves, shared_scalars
 from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import metrics
@@ -150,15 +150,16 @@ def foreach(func, args, kwargs, dispatch):
     params = op._schema.arguments[: len(bound)]
     lists = next(b for b in bound if isinstance(b, (list, tuple)))
     results = []
-    for i in range(len(lists)):
-        pos, kw = [], {}
-        for p, b in zip(params, bound):
-            v = b[i] if isinstance(b, (list, tuple)) else b
-            if p.kwarg_only:
-                kw[p.name] = v
-            else:
-                pos.append(v)
-        results.append(dispatch(op, tuple(pos), kw))
+    with shared_scalars([b for b in bound if not isinstance(b, (list, tuple))]):  # one input per number, not per tensor
+        for i in range(len(lists)):
+            pos, kw = [], {}
+            for p, b in zip(params, bound):
+                v = b[i] if isinstance(b, (list, tuple)) else b
+                if p.kwarg_only:
+                    kw[p.name] = v
+                else:
+                    pos.append(v)
+            results.append(dispatch(op, tuple(pos), kw))
     if func._schema.name.endswith("_"):
         for t, r in zip(args[0], results):
             t._value = r._value
