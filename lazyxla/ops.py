@@ -16,8 +16,6 @@
   The recorder checks the position; it is non-negative and in range.
 - ``scan(inputs, body, length)``: a loop of ``length`` iterations over one traced body (``frontend/scan.py``).
 - ``optimization_barrier(xs)``: the same values, through XLA's optimization barrier (``lazy/barrier.py``).
-- ``lerp_near_start``, ``lerp_near_end``: ``lerp`` with a Python-number weight, one side of 0.5 each
-  (``lazy/special.py``).
 
 Example::
 
@@ -111,16 +109,6 @@ library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
 library.define("optimization_barrier(Tensor[] xs) -> Tensor[]")
 for _key in ("CPU", "Meta"):
     library.impl("optimization_barrier", lambda xs: [x.clone() for x in xs], _key)
-
-# ``aten.lerp.Scalar`` with its weight's side of 0.5 fixed, which lazy/special.py records for a Python-number weight.
-# PyTorch computes ``self + weight * (end - self)`` where |weight| < 0.5 and ``end - (end - self) * (1 - weight)``
-# elsewhere; with the side known the program needs no per-element select (AdamW's first-moment update: 4 StableHLO
-# lines per tensor instead of 12). The weight stays a program input: a schedule recompiles only when it crosses
-# 0.5. Their CPU and meta kernels are aten.lerp's.
-for _name in ("lerp_near_start", "lerp_near_end"):
-    library.define(_name + "(Tensor self, Tensor end, Scalar weight) -> Tensor")
-    for _key in ("CPU", "Meta"):
-        library.impl(_name, lambda a, b, w: torch.lerp(a, b, w), _key)
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

@@ -4,8 +4,7 @@ Transfers (``copy`` from a CPU tensor or another lazyxla device, ``_to_copy`` to
 device, ``lift`` of a tensor built on the host), host reads (``.item()``), aliases (``detach``,
 ``clone``: a new LazyTensor on the same value), batch norm's running statistics (rebound after a
 functional op), ``nonzero`` (a data-dependent shape: a counted sync, then ``nonzero_static``), margin
-losses of one sample, ``lerp`` with a Python-number weight (one formula, chosen by the weight's side of 0.5),
-the bounds checks of ``random_``/``randint_like``, slices and selects (read through the
+losses of one sample, the bounds checks of ``random_``/``randint_like``, slices and selects (read through the
 pending concatenation, reshape or slice they view; at positions that may be program inputs) and writes through
 them (``lazy/positions.py``). ``SPECIAL`` maps each op to its handler; ``lazy.record.dispatch`` takes it before
 any rule.
@@ -194,15 +193,6 @@ def _native_batch_norm(x, w, b, running_mean, running_var, training, momentum, e
     if not training or running_mean is None:
         return record(aten.native_batch_norm.default, (x, w, b, running_mean, running_var, training, momentum, eps), {})
     return _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, momentum, eps)
-
-
-def _lerp_scalar(self, end, weight):
-    """``aten.lerp.Scalar`` with a Python-number weight: the formula of the weight's side of 0.5, with no
-    per-element select (``ops.lerp_near_start``/``lerp_near_end``, see ``ops.py``)."""
-    if type(weight) is float or type(weight) is int:
-        op = ops.lerp_near_start if abs(weight) < 0.5 else ops.lerp_near_end
-        return record(op.default, (self, end, weight), {})
-    return record(aten.lerp.Scalar, (self, end, weight), {})
 
 
 def _native_batch_norm_legit(x, w, b, running_mean, running_var, training, momentum, eps):
@@ -432,7 +422,6 @@ SPECIAL = {
         aten.multilabel_margin_loss_forward.default, lambda x, t: x.dim() <= 1
     ),
     aten.native_batch_norm.default: _native_batch_norm,
-    aten.lerp.Scalar: _lerp_scalar,
     aten._native_batch_norm_legit.default: _native_batch_norm_legit,
     aten._native_batch_norm_legit_functional.default: _native_batch_norm_legit_functional,
     aten.nonzero.default: _nonzero,

@@ -20,7 +20,6 @@ from jax import lax
 from lazyxla import torch_private
 from lazyxla.device.devices import np_dtype, torch_dtype
 from lazyxla.lowering.registry import lowers, opmath_scalars
-from lazyxla.ops import ops
 
 aten = torch.ops.aten
 
@@ -355,32 +354,13 @@ def _nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
-def _lerp_start(a, b, w):
-    return a + w * (b - a)
-
-
-def _lerp_end(a, b, w):
-    return b - (b - a) * (1 - w)
-
-
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
 def _lerp(ctx, a, b, weight):
     dt = ctx.dtype
     a, b, w = _as(a, dt), _as(b, dt), _as(weight, dt)
+    d = b - a
     # PyTorch's formula: exact at both ends
-    return jnp.where(jnp.abs(w) < 0.5, _lerp_start(a, b, w), _lerp_end(a, b, w))
-
-
-@lowers(ops.lerp_near_start.default)
-def _lerp_near_start(ctx, a, b, weight):
-    dt = ctx.dtype
-    return _lerp_start(_as(a, dt), _as(b, dt), _as(weight, dt))
-
-
-@lowers(ops.lerp_near_end.default)
-def _lerp_near_end(ctx, a, b, weight):
-    dt = ctx.dtype
-    return _lerp_end(_as(a, dt), _as(b, dt), _as(weight, dt))
+    return jnp.where(jnp.abs(w) < 0.5, a + w * d, b - d * (1 - w))
 
 
 @lowers(aten.addcmul.default)
@@ -725,8 +705,6 @@ opmath_scalars(
     aten.div.Tensor_mode,
     aten.div.Scalar_mode,
     aten.lerp.Scalar,
-    ops.lerp_near_start.default,
-    ops.lerp_near_end.default,
     aten.addcmul.default,
     aten.leaky_relu.default,
     aten.elu.default,
