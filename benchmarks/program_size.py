@@ -118,7 +118,7 @@ def _scope(defs: dict[str, str], ref: str, depth: int = 0) -> str:
     """The aten op named by location ``ref`` (following location references), or ``NO_OP``."""
     body = defs.get(ref, "")
     m = _SCOPE.search(body)
-    if m and m.group(1).startswith("aten."):
+    if m and m.group(1).startswith(("aten.", "lazyxla.")):
         return m.group(1)
     if depth < 8:
         for inner in re.findall(r"#loc\d*", body):

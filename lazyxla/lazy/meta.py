@@ -142,8 +142,8 @@ def int_range(v: int) -> tuple:
 # Python numbers that one call hands to many ops: a foreach op's scalar argument, the same number for each
 # tensor of its lists (AdamW's ``1 - beta1``, ``eps``, ...). While ``shared_scalars`` holds them, each is one
 # graph input however many ops it feeds, not one per tensor: every input costs the program a slice and a
-# reshape (the GPT benchmark's step had 343 of them, 240 repeating 5 numbers). Which numbers share an input
-# follows the call's structure (its non-list arguments), never their values, so no value can change a program.
+# reshape (the GPT benchmark's step had 343 of them, 240 repeating 5 numbers). Which numbers share an input is the
+# caller's choice (lazy.decompose.foreach: each non-list argument, and the equal numbers of a list).
 _shared: list[dict | None] = [None]  # id(number) -> (number, its leaf); None outside ``shared_scalars``
 
 
