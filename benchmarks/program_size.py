@@ -24,6 +24,7 @@ import jax
 
 import lazyxla  # noqa: F401  (first: before any CPU autograd runs, see docs/performance.md)
 from benchmarks import jax_models, torch_models
+from benchmarks import report as R
 from benchmarks import spec as S
 from lazyxla.ir import Leaf
 from lazyxla.lazy import graph, rebase
@@ -139,6 +140,18 @@ def measure(model: str, spec: S.MLPSpec | S.GPTSpec) -> dict[str, float]:
     lazy = count_lines(lazyxla_text(model, spec))
     jx = count_lines(jax_text(model, spec))
     return {"lazyxla": lazy, "jax.jit": jx, "ratio": lazy / jx}
+
+
+def table(sizes: dict[str, dict[str, float]]) -> str:
+    """The (h) table: per model, the StableHLO lines of lazyxla's warm step and of jax.value_and_grad's."""
+    rows = [[model, str(r["lazyxla"]), str(r["jax.jit"]), R.fmt(r["ratio"])] for model, r in sizes.items()]
+    notes = [
+        "lazyxla: the program of its third training step (lazy mode, zero_grad() after step()); jax: the jitted",
+        "jax.value_and_grad step with the same optimizer (benchmarks/jax_models.py). Lines of the module's text.",
+        "Lines per aten op: python -m benchmarks.program_size MODEL.",
+    ]
+    return R.table("(h) program size: StableHLO lines of a warm training step", ["model", "lazyxla", "jax", "x jax"],
+                   rows, notes)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
