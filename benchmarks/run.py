@@ -14,7 +14,8 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 (e) peak memory of a short training run, from the same fresh processes as (c);
 (f) lazyxla's compiles per step, lazy and compiled (none after step 2 is the target);
 (g) overlap: lazyxla's step with each loss read at once vs one step late (recording step N+1 while the
-    device runs step N).
+    device runs step N);
+(h) program size: StableHLO lines of lazyxla's warm training step against jax.value_and_grad's.
 
 All results go to a JSON file (default ``build/bench.json``). Method: ``docs/performance.md``.
 """
@@ -522,7 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["LAZYXLA_PERSISTENT_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import lazyxla  # noqa: F401  (before any CPU autograd runs: see docs/performance.md)
-    from benchmarks import overlap, recording
+    from benchmarks import overlap, program_size, recording
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
@@ -534,6 +535,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for model in S.MODELS:
         _log(f"overlap: {model}")
         results["overlap"][model] = overlap.run(model, settings)
+    _log("program size")
+    results["program_size"] = {m: program_size.measure(m, settings.spec(m)) for m in S.MODELS}
     results["first_step"], results["memory"] = fresh_processes(settings, args.quick, args.jobs)
     _log("recording cost")
     results["recording"] = recording.run(settings.chain_ops, settings.chain_repeats)
@@ -547,6 +550,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tables.append(memory_table(results["memory"], settings))
     tables.append(compiles_table(results["compiles"], results["first_step"]))
     tables.append(overlap.table(results["overlap"]))
+    tables.append(program_size.table(results["program_size"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results

@@ -52,13 +52,15 @@ def results(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     titles = ("(a) MLP", "(b) GPT", "(c) time to first step", "(d) recording cost", "(e) peak memory", "(f)")
-    for title in (*titles, "(g) overlap"):
+    for title in (*titles, "(g) overlap", "(h) program size"):
         assert title in proc.stdout, proc.stdout
     return json.loads(path.read_text())
 
 
 def test_every_section_is_there(results):
-    assert {"meta", "training", "first_step", "recording", "memory", "compiles", "overlap"} <= set(results)
+    assert {"meta", "training", "first_step", "recording", "memory", "compiles", "overlap", "program_size"} <= set(
+        results
+    )
     assert results["meta"]["quick"] is True
     assert _positive(results["meta"]["wall_s"])
 
@@ -78,6 +80,14 @@ def test_training_steps(results, model):
     losses = [row["last_loss"] for row in res["frameworks"].values()]
     assert max(losses) - min(losses) < 1e-3 * max(losses), losses  # same parameters, data and math
     assert res["lazyxla_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_program_size(results, model):
+    """(h): StableHLO lines of lazyxla's warm step and of jax.value_and_grad's, and their ratio."""
+    r = results["program_size"][model]
+    assert type(r["lazyxla"]) is int and type(r["jax.jit"]) is int and r["lazyxla"] > 0 and r["jax.jit"] > 0, r
+    assert r["ratio"] == r["lazyxla"] / r["jax.jit"]
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -18,7 +18,7 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph
-from lazyxla.lazy.meta import leaves
+from lazyxla.lazy.meta import leaves, shared_scalars
 from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import metrics
@@ -137,6 +137,18 @@ def foreach_element_op(func):
     return candidates[0] if candidates else None
 
 
+def _one_object_per_number(arg):
+    """A foreach argument that is a list of Python numbers with its equal numbers (same type and bits: -0.0 is
+    not 0.0) made one object, so that they share one graph input (``meta.shared_scalars``): AdamW's per-tensor
+    step sizes, equal while the tensors' step counts are, are then one input, not one per tensor. A program is
+    keyed by which of them are equal, as it is by which numbers are 0 or +-1: a change of that costs a compile,
+    never a wrong value. Any other argument is returned as it is."""
+    if not isinstance(arg, (list, tuple)) or not all(type(x) is float or type(x) is int for x in arg):
+        return arg
+    first: dict = {}
+    return type(arg)(first.setdefault((type(x), x.hex() if type(x) is float else x), x) for x in arg)
+
+
 def foreach(func, args, kwargs, dispatch):
     """``_foreach_x(lists...)``: ``x`` applied to each element through ``dispatch``, arguments matched by
     schema position."""
@@ -149,16 +161,19 @@ def foreach(func, args, kwargs, dispatch):
         bound = bound[:2] + [None, False] + bound[2:]
     params = op._schema.arguments[: len(bound)]
     lists = next(b for b in bound if isinstance(b, (list, tuple)))
+    bound = [_one_object_per_number(b) for b in bound]
+    numbers = [x for b in bound for x in (b if isinstance(b, (list, tuple)) else (b,))]
     results = []
-    for i in range(len(lists)):
-        pos, kw = [], {}
-        for p, b in zip(params, bound):
-            v = b[i] if isinstance(b, (list, tuple)) else b
-            if p.kwarg_only:
-                kw[p.name] = v
-            else:
-                pos.append(v)
-        results.append(dispatch(op, tuple(pos), kw))
+    with shared_scalars(numbers):  # one graph input per number object, not one per tensor
+        for i in range(len(lists)):
+            pos, kw = [], {}
+            for p, b in zip(params, bound):
+                v = b[i] if isinstance(b, (list, tuple)) else b
+                if p.kwarg_only:
+                    kw[p.name] = v
+                else:
+                    pos.append(v)
+            results.append(dispatch(op, tuple(pos), kw))
     if func._schema.name.endswith("_"):
         for t, r in zip(args[0], results):
             t._value = r._value

@@ -10,6 +10,7 @@ fast path, which skips all three. Which ops get here is decided by ``lazy.record
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -138,6 +139,44 @@ def int_range(v: int) -> tuple:
     return (v < 0, v.bit_length(), (~v).bit_length() if v < 0 else 0)
 
 
+# Python numbers that one call hands to many ops: a foreach op's scalar argument, the same number for each
+# tensor of its lists (AdamW's ``1 - beta1``, ``eps``, ...). While ``shared_scalars`` holds them, each is one
+# graph input however many ops it feeds, not one per tensor: every input costs the program a slice and a
+# reshape (the GPT benchmark's step had 343 of them, 240 repeating 5 numbers). Which numbers share an input is the
+# caller's choice (lazy.decompose.foreach: each non-list argument, and the equal numbers of a list).
+_shared: list[dict | None] = [None]  # id(number) -> (number, its leaf); None outside ``shared_scalars``
+
+
+@contextlib.contextmanager
+def shared_scalars(numbers):
+    """Inside: each Python number of ``numbers`` (the objects themselves) records as one graph input, shared by
+    every op it is passed to.
+
+    Example::
+
+        with shared_scalars([eps]):                 # lazy.decompose.foreach: one input for eps, not one per tensor
+            outs = [dispatch(aten.add.Scalar, (t, eps), {}) for t in tensors]
+    """
+    outer = _shared[0]
+    _shared[0] = {id(x): (x, None) for x in numbers if type(x) is float or type(x) is int}
+    try:
+        yield
+    finally:
+        _shared[0] = outer
+
+
+def _scalar_leaf(x, aval: Aval):
+    """The graph input for Python number ``x``: a new leaf, or the one ``x`` shares (``shared_scalars``)."""
+    shared = _shared[0]
+    if shared is None or id(x) not in shared:
+        return leaf(Leaf.SCALAR, x, aval, -1)
+    obj, made = shared[id(x)]
+    if made is None:
+        made = leaf(Leaf.SCALAR, x, aval, -1)
+        shared[id(x)] = (obj, made)
+    return made
+
+
 class _Flat:
     """Args of one op flattened into a hashable template, its input values and their avals."""
 
@@ -174,9 +213,9 @@ class _Flat:
         if isinstance(x, (list, tuple)):
             return tuple(self.conv(e, scalar) for e in x)
         if scalar and type(x) is float and (x not in _CONST_FLOATS or _spans[0]):
-            return self._add((leaf(Leaf.SCALAR, x, _F64, -1), 0), _F64, x)
+            return self._add((_scalar_leaf(x, _F64), 0), _F64, x)
         if type(x) is int and _int_input(x, scalar):
-            return self._add((leaf(Leaf.SCALAR, x, _I64_AVAL, -1), 0), _I64_AVAL, x)
+            return self._add((_scalar_leaf(x, _I64_AVAL), 0), _I64_AVAL, x)
         return x
 
     def host_tensor(self, t: torch.Tensor):
@@ -506,13 +545,13 @@ def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
         return a._value[0].device
     if t is float:
         if scalar and (a not in _CONST_FLOATS or _spans[0]):
-            inputs.append((leaf(Leaf.SCALAR, a, _F64, -1), 0))
+            inputs.append((_scalar_leaf(a, _F64), 0))
             sig.append(_FLOAT_INPUT)
         else:
             sig.append((float, a, a == -1))
         return -1
     if t is int and _int_input(a, scalar):
-        inputs.append((leaf(Leaf.SCALAR, a, _I64_AVAL, -1), 0))
+        inputs.append((_scalar_leaf(a, _I64_AVAL), 0))
         sig.append((_INT_INPUT, int_range(a)))
         return -1
     if t is int or t is bool:

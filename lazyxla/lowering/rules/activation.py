@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from lazyxla.lowering.registry import lowers
-from lazyxla.lowering.rules.common import acc, jax_gelu, vjp
+from lazyxla.lowering.rules.common import acc, jax_gelu
 
 aten = torch.ops.aten
 
@@ -64,7 +67,19 @@ def _gelu(ctx, x, *, approximate="none"):
 
 
 def _gelu_backward(ctx, g, x, *, approximate="none"):
-    return vjp(lambda x: jax_gelu(x, approximate), (acc(x),), acc(g), (True,))[0]
+    """PyTorch's formulas for GELU's derivative (its CPU kernel's), not the vjp of the forward: 16 StableHLO lines
+    instead of 20 for the exact form."""
+    g, x = acc(g), acc(x)
+    if approximate == "tanh":
+        beta, kappa = math.sqrt(2) * (2 / math.sqrt(math.pi)) * 0.5, 0.044715
+        x_sq = x * x
+        t = jnp.tanh(beta * (x + kappa * x_sq * x))
+        left, right = 0.5 * x, 1 + t
+        right_derivative = left * (1 - t * t) * (beta * (1 + 3 * kappa * x_sq))
+        return g * (0.5 * right + right_derivative)
+    cdf = 0.5 * (1 + lax.erf(x * (1 / math.sqrt(2))))
+    pdf = jnp.exp(-0.5 * x * x) * ((2 / math.sqrt(math.pi)) * (1 / math.sqrt(2)) * 0.5)
+    return g * (cdf + x * pdf)
 
 
 lowers(aten.gelu.default)(_gelu)

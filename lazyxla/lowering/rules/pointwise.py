@@ -358,9 +358,13 @@ def _nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
 def _lerp(ctx, a, b, weight):
     dt = ctx.dtype
     a, b, w = _as(a, dt), _as(b, dt), _as(weight, dt)
-    d = b - a
-    # PyTorch's formula: exact at both ends
-    return jnp.where(jnp.abs(w) < 0.5, a + w * d, b - d * (1 - w))
+    # PyTorch's formula, exact at both ends: a + w * (b - a) where |w| < 0.5, else b - (b - a) * (1 - w), written as
+    # one product of selected operands (b + (w - 1) * (b - a) is the same number, bit for bit): for a Python-number
+    # weight (AdamW's moments) the weight's select is a scalar one, and each element takes one select and one product
+    small = jnp.abs(w) < 0.5
+    full = partial(jnp.broadcast_to, shape=ctx.shape)
+    base = lax.select(full(small), full(a), full(b))
+    return base + lax.select(small, w, w - 1) * (b - a)
 
 
 @lowers(aten.addcmul.default)
