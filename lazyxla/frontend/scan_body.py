@@ -173,13 +173,9 @@ def _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, devic
     for t in ys:
         _check_on_device(t, "the y")
     _check_no_outside_gradient([t for t in carry_out + ys if t.requires_grad], {id(w) for w in carry_w + x_w})
-    for what, wrappers, holders in (("carry", carry_w, carry_ph), ("x", x_w, x_ph)):
-        for w, p in zip(wrappers, holders):
-            if unwrap(w)._value[0] is not p._value[0]:
-                raise RuntimeError(
-                    f"scan: fn modified its {what} input in place; a scanned function must not modify its "
-                    "inputs (clone it first: t = t.clone())"
-                )
+    # fn may modify its inputs in place (torch_xla's own example does: ``acc += x; return acc, acc``): each
+    # iteration's inputs are its own values, so the change stays inside the iteration, and what fn returns is the
+    # modified value (the placeholders keep their nodes: the loop body reads them as its inputs)
     traced = _Traced(
         carry_in=[p._value[0] for p in carry_ph],
         x_in=[p._value[0] for p in x_ph],
