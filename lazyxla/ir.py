@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -135,11 +136,13 @@ def canonical(x: Any) -> Any:
 
     Python treats ``1``, ``1.0`` and ``True`` as equal (with equal hashes), and gives ``-1`` and ``-2``
     the same hash; as op arguments they mean different things (dtypes, dims), so each number is
-    tagged with its type and whether it is -1.
+    tagged with its type and whether it is -1 (a float zero: whether it is -0.0).
     """
     t = type(x)
     if t is tuple:
         return tuple(canonical(e) for e in x)
+    if t is float and x == 0.0:  # 0.0 == -0.0 (equal hashes too), but 1 / x tells them apart
+        return (t, x, math.copysign(1.0, x) < 0)
     if t is int or t is float or t is bool:
         return (t, x, x == -1)
     return x

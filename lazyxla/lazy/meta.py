@@ -548,7 +548,7 @@ def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
             inputs.append((_scalar_leaf(a, _F64), 0))
             sig.append(_FLOAT_INPUT)
         else:
-            sig.append((float, a, a == -1))
+            sig.append(canonical(a))  # (float, a, a == -1), telling 0.0 from -0.0
         return -1
     if t is int and _int_input(a, scalar):
         inputs.append((_scalar_leaf(a, _I64_AVAL), 0))
