@@ -330,6 +330,24 @@ class _Entry:
         # how many tensors held each donated input when the verified call started: a replay's are held as often
         self.holders = [cand.held[id(r.leaves[pos])] for pos in self.donated]
         self.avals = [m.avals[0] for m in r.made]
+        self._reuse_plan()
+
+    def _reuse_plan(self) -> None:
+        """Which results a quiet replay puts into the node of the input it replaces (``reuse``: (result, input)
+        pairs): a location's tensor changed in place and read again next step, whose result goes nowhere else.
+        Such a location's tensor, its LazyTensor and its node then stay the same objects from step to step;
+        only the node's buffer changes (``replay``)."""
+        returned = {d[1] for d in self.ret if d[0] == "result"}
+        uses = collections.Counter(j for _, _, j, _ in self.writes)
+        self.reuse, taken = [], set()
+        for _, kind, j, k in self.writes:
+            if kind is _SAME and k is not None and j not in returned and uses[j] == 1 and k not in taken:
+                self.reuse.append((j, k))
+                taken.add(k)
+        reused = {j for j, _ in self.reuse}
+        self.fresh = [j for j in range(len(self.avals)) if j not in reused]
+        self.fresh_outputs = [self.outputs_of[j] for j in self.fresh]
+        self.other_writes = [w for w in self.writes if w[2] not in reused]
 
     def replay(self, flat: list):
         """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
@@ -342,27 +360,12 @@ class _Entry:
         if not quiet:
             graph.sync(reason="a captured step")  # as the region would: pending work first
         leaves = list(self.template)
-        inner = {}  # id(location) -> the LazyTensor read from it
-        cache = self._cache if quiet else _NO_CACHE
-        ours = set()  # ids of the inputs that are the last replay's results, still where it put them
-        for k, (pos, loc, h) in enumerate(self.inputs):
-            t = loc.get(flat)
-            if t is None:
-                return _miss("an input location holds no tensor")
-            c = cache[k]
-            if c is not None:
-                lt, n = c[0](), c[1]()
-                if lt is not None and _from_functional(t) is lt and lt._value[0] is n:
-                    leaves[pos] = n
-                    inner[id(loc)] = lt
-                    ours.add(id(n))
-                    continue
-            lt = unwrap(t)
-            n = lt._value[0]
-            if n.op is not _DATA or n.hash != h:
-                return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
-            leaves[pos] = n
-            inner[id(loc)] = lt
+        inner = [None] * len(self.inputs)  # per input: the LazyTensor read from its location
+        ours = self._cached_inputs(flat, leaves, inner) if quiet else None
+        if ours is None:
+            ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
+        if ours is MISS:
+            return MISS
         if self.donated and not quiet and not _free(leaves, self.donated, self.holders):
             return _miss("a buffer the program takes over is still held elsewhere")
         counter = rng.get_state()[1]
@@ -373,18 +376,89 @@ class _Entry:
         try:
             outs = graph.launch(self.compiled, args, ())
         except BaseException as e:
-            _lost(leaves, self.donated, self.inputs, inner, e)
+            _lost(leaves, self.donated, inner, e)
             raise
         for i in self.donated:
             leaves[i].payload = None
-        made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
         metrics.inc("executions")
         metrics.inc("capture_replays")
         metrics.inc("device_buffers", len(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
-        out = self._put(made, flat, inner)
+        if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
+            out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
+        else:
+            made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
+            out = self._put(made, flat, inner, self.writes, [None] * len(self.inputs))
         self._quiet = _activity()
         return out
+
+    def _reused(self, leaves: list, outs: list) -> list:
+        """The result nodes of a quiet replay: ``reuse``'s are their inputs' nodes, holding the new buffers.
+
+        Why this is exact: the last replay left each such location's tensor holding that node and synced its
+        functionalization (its views are regenerated from it when next read); since then nothing was recorded,
+        synced or replayed (quiet), so no view of it was read and no other tensor holds its node. The location
+        then reads the new buffer as after an in-place update, without the four functionalization calls per
+        tensor (~5 us each) that ``_put`` makes otherwise."""
+        made = [None] * len(outs)
+        for j, k in self.reuse:
+            n = leaves[self.inputs[k][0]]
+            n.payload = outs[j]  # (a program's output: no CPU copy of its value exists, lazy/known.py)
+            made[j] = n
+        fresh = graph.output_leaves(
+            self.compiled, self.fresh_outputs, [outs[j] for j in self.fresh], self.device, self.made_by
+        )
+        for j, n in zip(self.fresh, fresh):
+            made[j] = n
+        return made
+
+    def _cached_inputs(self, flat: list, leaves: list, inner: list):
+        """A quiet replay's inputs when each one the last replay wrote is still where it left it (the common
+        case: parameters and optimizer state changed in place, a new batch in the arguments): the set of those
+        nodes' ids; None when one moved (``_inputs`` then looks at each), ``MISS`` when an input does not fit."""
+        ff = _from_functional
+        ours = set()
+        for k, (pos, loc, h), c in zip(range(len(inner)), self.inputs, self._cache):
+            t = loc.get(flat)
+            if c is None:  # read, never written: an argument, a constant buffer
+                if t is None:
+                    return _miss("an input location holds no tensor")
+                lt = unwrap(t)
+                n = lt._value[0]
+                if n.op is not _DATA or n.hash != h:
+                    return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
+            else:
+                lt, n = c[0](), c[1]()
+                if lt is None or ff(t) is not lt or lt._value[0] is not n:
+                    return None
+                ours.add(id(n))
+            leaves[pos] = n
+            inner[k] = lt
+        return ours
+
+    def _inputs(self, flat: list, leaves: list, inner: list, cache):
+        """Each input's node from its location, checked against the program's (``MISS`` if one differs); the
+        set of the ids of those still where the last replay put them (``cache``)."""
+        ours = set()  # ids of the inputs that are the last replay's results, still where it put them
+        for k, (pos, loc, h) in enumerate(self.inputs):
+            t = loc.get(flat)
+            if t is None:
+                return _miss("an input location holds no tensor")
+            c = cache[k]
+            if c is not None:
+                lt, n = c[0](), c[1]()
+                if lt is not None and _from_functional(t) is lt and lt._value[0] is n:
+                    leaves[pos] = n
+                    inner[k] = lt
+                    ours.add(id(n))
+                    continue
+            lt = unwrap(t)
+            n = lt._value[0]
+            if n.op is not _DATA or n.hash != h:
+                return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
+            leaves[pos] = n
+            inner[k] = lt
+        return ours
 
     def forget(self) -> None:
         """Drop what the last replay left (its locations' tensors): a recorded call comes next."""
@@ -410,13 +484,15 @@ class _Entry:
             packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
         return data + devices.passed(packed)
 
-    def _put(self, made: list, flat: list, inner: dict):
+    def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):
+        """Put the results ``made`` where ``writes`` say; ``cache`` (kept as the next replay's) learns where
+        each input will be found."""
         new = {}
-        cache = self._cache = [None] * len(self.inputs)
-        for loc, kind, j, k in self.writes:
+        self._cache = cache
+        for loc, kind, j, k in writes:
             if kind is _SAME:
                 t = loc.get(flat)
-                lt = inner.get(id(loc))
+                lt = inner[k] if k is not None else None
                 if lt is None:
                     lt = unwrap(t)
                 lt._value = (made[j], 0)
@@ -441,8 +517,8 @@ class _Entry:
 
 
 def _activity() -> tuple:
-    """What changes whenever lazyxla records, syncs or replays anything."""
-    return (tensor.made[0], metrics.count("syncs"), metrics.count("capture_replays"))
+    """What changes whenever lazyxla records, syncs or replays anything (fresh uploads and factories aside)."""
+    return (tensor.made[0] - tensor.fresh[0], metrics.count("syncs"), metrics.count("capture_replays"))
 
 
 last_miss = [""]  # why the last replay did not happen (``capture_status`` says it)
@@ -480,7 +556,7 @@ def _free(leaves: list, donated: tuple, expected: list) -> bool:
     return not pending or not any(id(m) in taken for m in graph.plan_values(pending)[2])
 
 
-def _lost(leaves: list, donated: tuple, inputs: list, inner: dict, error: BaseException) -> None:
+def _lost(leaves: list, donated: tuple, inner: list, error: BaseException) -> None:
     """The program failed after taking its donated buffers: the locations they came from have no value now, and
     raise when read (as after a recorded step's failure: ``graph.ProgramFailedError``)."""
     gone = {id(leaves[i]) for i in donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()}
@@ -489,8 +565,7 @@ def _lost(leaves: list, donated: tuple, inputs: list, inner: dict, error: BaseEx
         "the buffers of its donated inputs, so their values are gone (restore them, e.g. from a checkpoint)"
     )
     why.__cause__ = error
-    for _, loc, _ in inputs:
-        lt = inner.get(id(loc))
+    for lt in inner:
         if lt is not None and id(lt._value[0]) in gone:
             lt._value = (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0)
 

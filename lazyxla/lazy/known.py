@@ -35,6 +35,7 @@ import torch
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.ir import Aval, Leaf, Node, leaf
+from lazyxla.lazy import tensor
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import diagnostics, metrics
 
@@ -113,6 +114,7 @@ def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
     else:
         n = leaf(Leaf.DATA, _to_device(t, device), aval, device)
     n.source = source
+    tensor.fresh[0] += 1
     return LazyTensor((n, 0), aval)
 
 

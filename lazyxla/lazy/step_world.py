@@ -10,6 +10,8 @@ Example::
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from lazyxla import torch_private
@@ -132,6 +134,7 @@ class World:
                 for p in group["params"]:
                     params.setdefault(id(p), p)
         self.params = list(params.values())
+        self._states: dict[int, tuple] = {}  # id(optimizer state) -> (its values, guard, reusable, the state)
 
     def same_as(self, other: World) -> bool:
         return [id(m) for m in self.modules] == [id(m) for m in other.modules] and [id(o) for o in self.optimizers] == [
@@ -195,12 +198,29 @@ class World:
             for group in o.param_groups:
                 g.append(tuple((k, _describe(v)) for k, v in group.items() if k != "params"))
                 g.append(tuple(map(id, group["params"])))
+            states = o.state
             for p in _params_of(o):
-                state = o.state.get(p)
-                g.append(None if state is None else (id(state), *((k, _state_entry(v)) for k, v in state.items())))
+                state = states.get(p)
+                g.append(None if state is None else self._state_guard(state))
         g.append(tuple(p.grad is None for p in self.params))
         g += _closure_numbers(fn)
         return tuple(g)
+
+    def _state_guard(self, state: dict) -> tuple:
+        """An optimizer state's guard: its entries' keys, device tensors by identity, anything else by value
+        (``_state_entry``). The last guard of each state is kept with the values it was taken from (kept alive,
+        so an equal identity is the same object): while they are all still there, it is the guard again, without
+        asking each tensor for its device."""
+        memo = self._states.get(id(state))
+        if memo is not None and memo[2] and len(state) == len(memo[0]) and all(map(_is, state.values(), memo[0])):
+            return memo[1]
+        g = (id(state), *((k, _state_entry(v)) for k, v in state.items()))
+        values = tuple(state.values())
+        self._states[id(state)] = (values, g, all(type(e[1]) is int for e in g[1:]), state)
+        return g
+
+
+_is = operator.is_
 
 
 def _params_of(o) -> list:

@@ -28,6 +28,10 @@ _live: list = []
 # How many LazyTensors were ever made (one item, read by a replayed step: when none was made since its last
 # replay, no new value can hold or read the buffers it takes over; lazy/capture.py)
 made = [0]
+# How many of those were fresh device data or factory results (an upload's, ``torch.empty``'s), made from no
+# existing value: they cannot hold or read a replay's buffers (``capture._activity`` subtracts them, so that
+# moving the next batch to the device between two replays keeps the second one quiet)
+fresh = [0]
 
 
 class LazyTensor(torch.Tensor):

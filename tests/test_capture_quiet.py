@@ -1,0 +1,189 @@
+"""Quiet replays of a captured step (lazy/capture.py ``_Entry._reused``): when nothing but fresh uploads happened
+since the last replay, a parameter's or optimizer state's node takes the new buffer in place, without the
+functionalization calls. Everything a user may do between two steps must still see what lazy mode shows:
+views read between steps or after several steps, ``.data`` assignments, host reads of small integer buffers,
+state entries swapped or replaced, aliases held across steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lazyxla
+
+
+class _Net(nn.Module):
+    """Embedding, batch norm (its int64 step counter is a buffer changed in place), a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(13, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 13)
+
+    def forward(self, ids):
+        return self.head(self.bn(self.emb(ids)))
+
+
+def _batch(i):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randint(0, 13, (16,), generator=g), torch.randint(0, 13, (16,), generator=g)
+
+
+def _run(dev, captured: bool, between, steps: int = 10, opt_kind: str = "adamw"):
+    """``steps`` steps, a new batch each (moved to the device before the call, as a loader does);
+    ``between(i, model, opt, seen)`` runs after step i and may append observations to ``seen``."""
+    torch.manual_seed(0)
+    model = _Net().to(dev)
+    if opt_kind == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, capturable=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(ids, target):
+        loss = F.cross_entropy(model(ids), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step = lazyxla.compile(step, capture=captured)
+    seen: list = []
+    lazyxla.metrics.reset()
+    for i in range(steps):
+        ids, target = (t.to(dev) for t in _batch(i))
+        seen.append(step(ids, target).item())
+        between(i, model, opt, seen)
+    seen.append({k: v.cpu() for k, v in model.state_dict().items()})
+    return seen, lazyxla.metrics.counters().get("capture_replays", 0)
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, dict):
+            for k in x:
+                torch.testing.assert_close(x[k], y[k], rtol=0, atol=0, msg=k)
+        elif isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+        else:
+            assert x == y
+
+
+def _check(dev, between, min_replays: int, **kw):
+    lazy, _ = _run(dev, False, between, **kw)
+    replayed, replays = _run(dev, True, between, **kw)
+    assert replays >= min_replays, replays
+    _same(lazy, replayed)
+
+
+def test_quiet_replays_with_a_new_batch_each_step_equal_lazy_mode(dev):
+    """The loader idiom: a new batch moved to the device before each call keeps the replays quiet (7 of 10)."""
+    _check(dev, lambda *a: None, min_replays=7)
+
+
+@pytest.mark.parametrize("opt_kind", ["adamw", "sgd"])
+def test_a_view_read_now_and_then_sees_every_update(dev, opt_kind):
+    """A view of a parameter made once, read after some steps: quiet replays in between (nothing read it)
+    must not leave it stale."""
+    views = {}
+
+    def between(i, model, opt, seen):
+        if i == 3:
+            views["w"] = model.head.weight.t()
+            seen.append(views["w"].cpu())  # read: this view is regenerated, the next replay is not quiet
+        if i in (4, 7, 9):  # after one, several, and the last quiet replays
+            seen.append(views["w"].cpu())
+            seen.append(views["w"].sum().item())
+
+    _check(dev, between, min_replays=5, opt_kind=opt_kind)
+
+
+def test_a_parameter_data_swap_between_steps(dev):
+    """``p.data = other`` with a tensor made before the last step: no tensor is made in between, yet the
+    next step must read ``other`` and update the parameter, not its old value."""
+    spare = {}
+
+    def between(i, model, opt, seen):
+        if i == 2:
+            spare["t"] = torch.full_like(model.head.bias, 0.5)
+        if i == 5:
+            model.head.bias.data = spare["t"]
+        if i >= 5:
+            seen.append(model.head.bias.cpu())
+
+    _check(dev, between, min_replays=3)
+
+
+def test_host_reads_of_an_integer_buffer_changed_in_place(dev):
+    """BatchNorm's ``num_batches_tracked`` (int64, 0-d) is incremented in place each step; reading it on the
+    host between steps must give each step's count, never a CPU copy of an earlier one."""
+
+    def between(i, model, opt, seen):
+        seen.append(int(model.bn.num_batches_tracked.item()))
+        seen.append(model.bn.num_batches_tracked.tolist())
+        assert seen[-1] == i + 1
+
+    _check(dev, between, min_replays=5)
+
+
+def test_optimizer_state_entries_swapped_between_steps(dev):
+    """Two parameters' state tensors swapped (no tensor made): each is read from its new place."""
+
+    def between(i, model, opt, seen):
+        if i == 6:
+            a, b = opt.state[model.bn.weight], opt.state[model.bn.bias]  # (same shapes)
+            a["exp_avg"], b["exp_avg"] = b["exp_avg"], a["exp_avg"]
+
+    _check(dev, between, min_replays=4)
+
+
+def test_an_alias_held_across_steps(dev):
+    """``detach()`` shares the parameter's storage: held across quiet replays, it shows each update (as in
+    eager PyTorch), and reading it does not break the next replays' numbers."""
+    held = {}
+
+    def between(i, model, opt, seen):
+        if i == 1:
+            held["a"] = model.head.weight.detach()
+        if i >= 1:
+            seen.append(held["a"].cpu())
+        if i == 8:
+            eager = model.head.weight.cpu()
+            torch.testing.assert_close(held["a"].cpu(), eager, rtol=0, atol=0)
+
+    _check(dev, between, min_replays=3)
+
+
+def test_a_result_kept_from_an_earlier_step_keeps_its_value(dev):
+    """The loss of step 2, held by the user, is not overwritten by later replays."""
+    held = {}
+
+    def between(i, model, opt, seen):
+        if i == 2:
+            held["s"] = model.head.weight.sum()  # pending: a value of this step's parameters
+            held["c"] = model.head.weight.clone()
+        if i > 2:
+            seen.append(held["s"].item())
+            seen.append(held["c"].cpu())
+
+    _check(dev, between, min_replays=3)
+
+
+def test_quiet_replays_skip_functionalization_updates(dev, monkeypatch):
+    """The point of a quiet replay: no per-tensor functionalization call (each costs ~5 us of host time)."""
+    from lazyxla.lazy import capture
+
+    calls = []
+    real = capture._replace
+    monkeypatch.setattr(capture, "_replace", lambda t, lt: (calls.append(1), real(t, lt)))
+    per_step = []
+    _, replays = _run(dev, True, lambda i, *a: per_step.append(len(calls)), steps=9)
+    assert replays >= 5
+    new_calls = [b - a for a, b in zip(per_step, per_step[1:])]
+    # the first replay after recording puts each of the 23 results through functionalization (5 parameters,
+    # 3 batch norm buffers, 15 AdamW state tensors); the quiet ones after it none
+    assert 23 in new_calls, new_calls
+    assert new_calls[-4:] == [0, 0, 0, 0], new_calls
