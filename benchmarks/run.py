@@ -15,7 +15,10 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 (f) lazyxla's compiles per step, lazy and compiled (none after step 2 is the target);
 (g) overlap: lazyxla's step with each loss read at once vs one step late (recording step N+1 while the
     device runs step N);
-(h) program size: StableHLO lines of lazyxla's warm training step against jax.value_and_grad's.
+(h) program size: StableHLO lines of lazyxla's warm training step against jax.value_and_grad's;
+(i) host time of a warm step, each framework alone (jax.jit, lazy mode, whole-step capture in both idioms), at
+    the benchmark size and with the same model structure at negligible compute (the host's part on an
+    accelerator).
 
 All results go to a JSON file (default ``build/bench.json``). Method: ``docs/performance.md``.
 """
@@ -523,7 +526,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["LAZYXLA_PERSISTENT_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import lazyxla  # noqa: F401  (before any CPU autograd runs: see docs/performance.md)
-    from benchmarks import overlap, program_size, recording
+    from benchmarks import host, overlap, program_size, recording
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
@@ -531,6 +534,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for model in S.MODELS:
         _log(f"training step: {model}")
         results["training"][model], results["compiles"][model] = training(model, settings)
+    results["host"] = {}
+    for model in S.MODELS:
+        _log(f"host time alone: {model}")
+        results["host"][model] = host.run(model, settings)
     results["overlap"] = {}
     for model in S.MODELS:
         _log(f"overlap: {model}")
@@ -551,6 +558,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tables.append(compiles_table(results["compiles"], results["first_step"]))
     tables.append(overlap.table(results["overlap"]))
     tables.append(program_size.table(results["program_size"]))
+    tables.append(host.table(results["host"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results

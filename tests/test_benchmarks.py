@@ -52,15 +52,14 @@ def results(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     titles = ("(a) MLP", "(b) GPT", "(c) time to first step", "(d) recording cost", "(e) peak memory", "(f)")
-    for title in (*titles, "(g) overlap", "(h) program size"):
+    for title in (*titles, "(g) overlap", "(h) program size", "(i) host time per warm step"):
         assert title in proc.stdout, proc.stdout
     return json.loads(path.read_text())
 
 
 def test_every_section_is_there(results):
-    assert {"meta", "training", "first_step", "recording", "memory", "compiles", "overlap", "program_size"} <= set(
-        results
-    )
+    sections = {"meta", "training", "first_step", "recording", "memory", "compiles", "overlap", "program_size", "host"}
+    assert sections <= set(results)
     assert results["meta"]["quick"] is True
     assert _positive(results["meta"]["wall_s"])
 
@@ -155,6 +154,19 @@ def test_recording(results):
     for key in ("cold_loop", "cold_total", "warm_loop", "warm_total"):
         _stats(compiled[key], "us")
     assert compiled["compiles_warm"] == 0 and compiled["ops_recorded_warm"] == 0 and compiled["graph_calls_warm"] == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_host_time_alone(results, model):
+    """(i): every framework's host and step times, at the benchmark's size and at negligible compute."""
+    r = results["host"][model]
+    for size in ("benchmark", "negligible"):
+        assert set(r[size]) == {"jax.jit", "lazyxla", "lazyxla captured", "lazyxla captured, zero_grad first"}
+        for fw, row in r[size].items():
+            _stats(row["host"], "ms")
+            _stats(row["step"], "ms")
+            assert _positive(row["host_ratio_to_jax"]), fw
+    assert r["sizes"]["negligible"] != r["sizes"]["benchmark"]
 
 
 @pytest.mark.parametrize("model", MODELS)
