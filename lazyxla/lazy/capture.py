@@ -43,13 +43,21 @@ What stops a call from being captured (the reason is in ``.capture_status``, cou
 a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
 a known location (a tensor in a list: make it a buffer or an argument), a result kept anywhere else, a CPU
 tensor argument, a multi-process run, an SPMD program. Python numbers that change every call (a CPU step
-counter, a per-step learning rate) make every candidate differ, so such steps are recorded every time: correct,
-not faster.
+counter, SGD's learning rate under a scheduler) make every candidate differ, so such steps are recorded every
+time: correct, not faster.
 
 Optimizers: as ``torch.compile`` does for an optimizer step it compiles, optimizers that offer ``capturable``
 are switched to ``capturable=True`` (their step counters move to the device), so their bias corrections are
-device math rather than Python numbers that change every step. A lazy-mode run with ``capturable=True`` computes
-exactly what a replayed step does.
+device math rather than Python numbers that change every step. An Adam or AdamW learning rate that an LR
+scheduler drives (it set ``initial_lr``) becomes a 0-d device tensor, as PyTorch advises for a compiled step
+under a scheduler: the scheduler fills it in place between steps and a replay reads it as an input. A lazy-mode
+run with ``capturable=True`` (and that tensor learning rate) computes exactly what a replayed step does.
+
+Quiet replays: when nothing but fresh uploads (the next batch) happened since the last replay, the results
+that replace a parameter's or optimizer state's value go into the node that held it (``_Entry._reused``):
+no functionalization call, no scan of the live tensors. Anything else in between (an op on any lazyxla tensor,
+a sync, another replay) makes the next replay take the full path, which puts every result through
+functionalization, so views and aliases read since then see it.
 
 Not replayed: the step's Python side effects (prints, counters, appends) happen in recorded calls only, as
 in ``jax.jit``; returned tensors carry no autograd history; values the step reads from other Python objects
@@ -601,6 +609,9 @@ class StepCapture:
         metrics.inc("capture_records")
         for entry in self.entries.values():  # their caches hold tensors, which would keep buffers from donation
             entry.forget()
+        # pending work from before the call (an LR scheduler's fill of a tensor learning rate) is not the step's:
+        # it runs first, as the region would run it, and the step starts from device data
+        graph.sync(reason="a captured step")
         start, why = None, "its first call (the modules and optimizers it uses are not known yet)"
         if self.world is not None:
             try:

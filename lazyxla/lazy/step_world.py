@@ -165,6 +165,10 @@ class World:
                 if is_lazyxla(v) and not isinstance(v, torch.nn.Parameter):
                     locs[("attribute", k, name)] = _Attr(m, name)
         for k, o in enumerate(self.optimizers):
+            for g, group in enumerate(o.param_groups):
+                for key, v in group.items():
+                    if is_lazyxla(v):  # a learning rate as a tensor (an LR scheduler fills it between steps)
+                        locs[("group", k, g, key)] = _Item(group, key)
             for j, p in enumerate(_params_of(o)):
                 state = o.state.get(p)
                 for key, v in (state or {}).items():
@@ -321,7 +325,10 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
     if "capturable" not in opt.defaults:
         return
     for group in opt.param_groups:
-        if group.get("capturable") or group.get("fused") or not all(is_lazyxla(p) for p in group["params"]):
+        if group.get("fused") or not all(is_lazyxla(p) for p in group["params"]) or not group["params"]:
+            continue
+        _lr_as_tensor(opt, group)
+        if group.get("capturable"):
             continue
         group["capturable"] = True
         for p in group["params"]:
@@ -329,3 +336,17 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
             step = None if state is None else state.get("step")
             if isinstance(step, torch.Tensor) and step.device.type == "cpu":
                 state["step"] = step.to(p.device)
+
+
+def _lr_as_tensor(opt: torch.optim.Optimizer, group: dict) -> None:
+    """An Adam or AdamW group's learning rate becomes a device tensor when an LR scheduler drives it (the
+    scheduler set ``initial_lr``), as PyTorch advises for a compiled optimizer step under a scheduler: a Python
+    number that changes every step would make every captured call differ, while the scheduler fills a tensor in
+    place (``LRScheduler`` does for a tensor learning rate), and a replay reads it like any other input."""
+    lr = group.get("lr")
+    if "initial_lr" not in group or type(lr) is not float or not isinstance(opt, _TENSOR_LR):
+        return
+    group["lr"] = torch.tensor(lr, dtype=torch.float32, device=group["params"][0].device)
+
+
+_TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)  # their capturable steps take a tensor learning rate
