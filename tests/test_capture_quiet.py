@@ -187,3 +187,55 @@ def test_quiet_replays_skip_functionalization_updates(dev, monkeypatch):
     # 3 batch norm buffers, 15 AdamW state tensors); the quiet ones after it none
     assert 23 in new_calls, new_calls
     assert new_calls[-4:] == [0, 0, 0, 0], new_calls
+
+
+def _functional_calls(monkeypatch):
+    """Count ``_put``'s functionalization updates (a quiet replay makes none)."""
+    from lazyxla.lazy import capture
+
+    calls = []
+    real = capture._replace
+    monkeypatch.setattr(capture, "_replace", lambda t, lt: (calls.append(1), real(t, lt)))
+    return calls
+
+
+def test_unrelated_work_between_steps_keeps_replays_quiet(dev, monkeypatch):
+    """A loss accumulator (HF Trainer's ``tr_loss += loss``) and other lazy work between steps touch none of
+    the tensors a replay changes in place: the replays stay quiet (no functionalization update), and the numbers
+    are lazy mode's."""
+    acc = {}
+
+    def between(i, model, opt, seen):
+        if i == 0:  # (each run its own sum)
+            acc["sum"] = torch.zeros((), device=dev)
+        acc["sum"] += torch.tensor(seen[-1], device=dev)  # recorded, pending until the next step's sync
+        z = torch.ones(3, device=dev) * (i + 1)
+        if i % 3 == 2:
+            seen.append(z.sum().item())
+            seen.append(acc["sum"].item())
+
+    _check(dev, between, min_replays=7)
+    calls = _functional_calls(monkeypatch)
+    per_step = []
+    _run(dev, True, lambda i, *a: (between(i, *a), per_step.append(len(calls))))
+    new_calls = [b - a for a, b in zip(per_step, per_step[1:])]
+    assert new_calls[-4:] == [0, 0, 0, 0], new_calls
+
+
+def test_a_compiled_forward_between_steps_reads_the_parameters_it_was_called_with(dev):
+    """``torch.compile(model, backend="lazyxla")`` called between two steps reads the parameters' buffers
+    without an op on them; its pending result, read after the next step, is the one before that step's update."""
+    held = {}
+
+    def between(i, model, opt, seen):
+        if i == 0:  # (each run its own model)
+            held.clear()
+            held["f"] = torch.compile(model, backend="lazyxla")
+        if "out" in held:
+            seen.append(held.pop("out").cpu())
+        if i in (2, 5, 6):
+            with torch.no_grad():
+                held["out"] = held["f"](_batch(50 + i)[0].to(dev))
+
+    # pending work that reads the buffers the next replay takes over runs first: the replay still happens
+    _check(dev, between, min_replays=7)

@@ -53,11 +53,16 @@ scheduler drives (it set ``initial_lr``) becomes a 0-d device tensor, as PyTorch
 under a scheduler: the scheduler fills it in place between steps and a replay reads it as an input. A lazy-mode
 run with ``capturable=True`` (and that tensor learning rate) computes exactly what a replayed step does.
 
-Quiet replays: when nothing but fresh uploads (the next batch) happened since the last replay, the results
-that replace a parameter's or optimizer state's value go into the node that held it (``_Entry._reused``):
-no functionalization call, no scan of the live tensors. Anything else in between (an op on any lazyxla tensor,
-a sync, another replay) makes the next replay take the full path, which puts every result through
-functionalization, so views and aliases read since then see it.
+Quiet replays: after a replay, the LazyTensors that hold the values it changed in place (parameters, optimizer
+state, buffers) are watched (``tensor.watched``): the first op that reads or writes one (a view read, an
+in-place update, a host read of a parameter) counts in ``tensor.touched``. A replay with no such op and no
+other replay since the last one is *quiet*: the results that replace a location's value go into the node that
+held it (``_Entry._reused``), with no functionalization call. Work between two steps that does not touch those
+tensors (the next batch moved to the device, a loss accumulator, an LR scheduler's ``fill_`` of a tensor
+learning rate) keeps the next replay quiet; when anything was recorded, the pending work is run first and the
+buffers the program takes over are checked for new holders (one scan of the live tensors). Otherwise the
+replay takes the full path, which puts every result through functionalization, so views and aliases read
+since the last replay see it.
 
 Not replayed: the step's Python side effects (prints, counters, appends) happen in recorded calls only, as
 in ``jax.jit``; returned tensors carry no autograd history; values the step reads from other Python objects
@@ -316,7 +321,11 @@ class _Entry:
         self.made_by = f"an output of graph {graph.graph_id(r.key)} (replayed)"  # names the buffers in errors
         # per input: weak references to the (inner tensor, node) the last replay left in its location, or None
         self._cache = _NO_CACHE
-        self._quiet = None  # _activity() after the last replay
+        self._quiet = None  # _quiet_key() after the last replay
+        self._made = None  # _made() after the last replay
+        # per input the step rewrites: ids of the LazyTensors its location holds after the last replay (the
+        # functional value and the one ``_put`` set), watched until the next replay (``tensor.watched``)
+        self._watch: dict[int, tuple] = {}
         # the Python numbers, packed once (``ArgLayout``): the verified call's are every replay's
         self.packed = r.compiled.layout.packed_scalars(r.leaves)
         self.guards = cand.guards
@@ -361,11 +370,13 @@ class _Entry:
         """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
         is not device data of the shape, dtype and layout the program was built for, or a buffer it would take
         over is still held elsewhere."""
-        # Quiet: nothing was recorded, synced or replayed since this entry's last replay, which left no pending
-        # work and no tensor but the step's locations holding its results; so there is no pending work to run
-        # first, and no other holder of the buffers it takes over (one scan of the live tensors saved).
-        quiet = self._quiet == _activity()
-        if not quiet:
+        # Quiet: no op touched the tensors this entry's last replay changed in place, and no other replay ran; so
+        # no view of them was read since and no op made another holder of their buffers. Busy: something was
+        # recorded meanwhile (a loss accumulator, a scheduler's fill): it runs first, and the buffers the program
+        # takes over are checked for holders as on the full path.
+        quiet = self._quiet == _quiet_key()
+        busy = quiet and self._made != _made()
+        if not quiet or busy:
             graph.sync(reason="a captured step")  # as the region would: pending work first
         leaves = list(self.template)
         inner = [None] * len(self.inputs)  # per input: the LazyTensor read from its location
@@ -374,7 +385,7 @@ class _Entry:
             ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
         if ours is MISS:
             return MISS
-        if self.donated and not quiet and not _free(leaves, self.donated, self.holders):
+        if self.donated and (busy or not quiet) and not _free(leaves, self.donated, self.holders):
             return _miss("a buffer the program takes over is still held elsewhere")
         counter = rng.get_state()[1]
         for pos, offset in self.keys:
@@ -397,17 +408,21 @@ class _Entry:
         else:
             made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
             out = self._put(made, flat, inner, self.writes, [None] * len(self.inputs))
-        self._quiet = _activity()
+        self._made = _made()
+        tensor.watched.clear()
+        for ids in self._watch.values():
+            tensor.watched.update(ids)
+        self._quiet = _quiet_key()
         return out
 
     def _reused(self, leaves: list, outs: list) -> list:
         """The result nodes of a quiet replay: ``reuse``'s are their inputs' nodes, holding the new buffers.
 
-        Why this is exact: the last replay left each such location's tensor holding that node and synced its
-        functionalization (its views are regenerated from it when next read); since then nothing was recorded,
-        synced or replayed (quiet), so no view of it was read and no other tensor holds its node. The location
-        then reads the new buffer as after an in-place update, without the four functionalization calls per
-        tensor (~5 us each) that ``_put`` makes otherwise."""
+        Why this is exact: the last full replay left each such location's tensor holding that node and synced
+        its functionalization (its views were marked stale, and are regenerated from it when next read, by an op
+        on a watched LazyTensor); since then no op touched those LazyTensors (quiet), so no view of them was read
+        and no op made another holder of the node. The location then reads the new buffer as after an in-place
+        update, without the four functionalization calls per tensor (~5 us each) that ``_put`` makes otherwise."""
         made = [None] * len(outs)
         for j, k in self.reuse:
             n = leaves[self.inputs[k][0]]
@@ -472,6 +487,7 @@ class _Entry:
         """Drop what the last replay left (its locations' tensors): a recorded call comes next."""
         self._cache = _NO_CACHE
         self._quiet = None
+        self._watch = {}
 
     def _arguments(self, leaves: list, ours: set) -> list:
         """The program's arguments. The buffers the previous replay made (``ours``) are what the program returns,
@@ -494,8 +510,10 @@ class _Entry:
 
     def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):
         """Put the results ``made`` where ``writes`` say; ``cache`` (kept as the next replay's) learns where
-        each input will be found."""
+        each input will be found, and ``_watch`` which LazyTensors hold them."""
         new = {}
+        if cache is not self._cache:  # a full put: every location is written again
+            self._watch = {}
         self._cache = cache
         for loc, kind, j, k in writes:
             if kind is _SAME:
@@ -508,9 +526,13 @@ class _Entry:
                 _commit(t)
                 _sync(t)  # its functionalization base takes the value now, as after a recorded step
                 if k is not None:  # weakly: the cache must not keep a tensor, or a buffer, alive
-                    cache[k] = (weakref.ref(_from_functional(t)), weakref.ref(made[j]))
+                    held = _from_functional(t)
+                    cache[k] = (weakref.ref(held), weakref.ref(made[j]))
+                    self._watch[k] = (id(held), id(lt))
             elif kind is _NEW:
                 loc.set(_fresh(new, made, j, self.avals))
+                if k is not None:
+                    self._watch[k] = (id(new[j][1]),)
             else:
                 loc.set(None)
         values = []
@@ -524,9 +546,16 @@ class _Entry:
         return unflatten(values, self.ret_spec)
 
 
-def _activity() -> tuple:
-    """What changes whenever lazyxla records, syncs or replays anything (fresh uploads and factories aside)."""
-    return (tensor.made[0] - tensor.fresh[0], metrics.count("syncs"), metrics.count("capture_replays"))
+def _quiet_key() -> tuple:
+    """What changes when an op reads or writes a tensor the last replay put in place (``tensor.touched``), or
+    another replay runs."""
+    return (tensor.touched[0], metrics.count("capture_replays"))
+
+
+def _made() -> int:
+    """How many LazyTensors were made other than fresh uploads and factory results: when it changed since the
+    last replay, something was recorded (pending work, maybe a new holder of a buffer the program takes over)."""
+    return tensor.made[0] - tensor.fresh[0]
 
 
 last_miss = [""]  # why the last replay did not happen (``capture_status`` says it)
@@ -542,8 +571,9 @@ def _fresh(new: dict, made: list, j: int, avals: list) -> torch.Tensor:
     """The user-visible tensor of result ``j`` (one per result, shared by every place it goes)."""
     t = new.get(j)
     if t is None:
-        t = new[j] = wrap(LazyTensor((made[j], 0), avals[j]))
-    return t
+        lt = LazyTensor((made[j], 0), avals[j])
+        t = new[j] = (wrap(lt), lt)
+    return t[0]
 
 
 def _free(leaves: list, donated: tuple, expected: list) -> bool:

@@ -32,6 +32,11 @@ made = [0]
 # existing value: they cannot hold or read a replay's buffers (``capture._activity`` subtracts them, so that
 # moving the next batch to the device between two replays keeps the second one quiet)
 fresh = [0]
+# ids of the LazyTensors a captured step's next quiet replay changes in place (lazy/capture.py arms it after each
+# replay); the first op that reads or writes one of them counts in ``touched`` and disarms it. Empty otherwise, so
+# an op costs one truth test of an empty set.
+watched: set = set()
+touched = [0]
 
 
 class LazyTensor(torch.Tensor):
@@ -53,6 +58,8 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if watched:
+            _watch(args, kwargs)
         return _dispatch(func, args, kwargs or {})
 
     @property
@@ -61,6 +68,20 @@ class LazyTensor(torch.Tensor):
 
     def __repr__(self) -> str:  # only seen when debugging lazyxla itself
         return f"LazyTensor({self._value[0]!r}[{self._value[1]}])"
+
+
+def _watch(args, kwargs) -> None:
+    """Count an op on a watched LazyTensor (an argument, or one in a list argument) and disarm the watch."""
+    for group in (args, (kwargs or {}).values()):
+        for a in group:
+            if type(a) in (list, tuple):
+                if not any(id(e) in watched for e in a):
+                    continue
+            elif id(a) not in watched:
+                continue
+            touched[0] += 1
+            watched.clear()
+            return
 
 
 def live_tensors() -> list[LazyTensor]:
@@ -103,6 +124,8 @@ def dispatch_op(func, args, kwargs):
 
         out = dispatch_op(torch.ops.aten.randn.default, ([2, 3],), {"device": dev})
     """
+    if watched:
+        _watch(args, kwargs)
     return _dispatch(func, args, kwargs)
 
 
