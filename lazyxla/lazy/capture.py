@@ -412,6 +412,7 @@ class _Entry:
         tensor.watched.clear()
         for ids in self._watch.values():
             tensor.watched.update(ids)
+        tensor.watch_left[0] = tensor.WATCH_OPS
         self._quiet = _quiet_key()
         return out
 

@@ -34,9 +34,13 @@ made = [0]
 fresh = [0]
 # ids of the LazyTensors a captured step's next quiet replay changes in place (lazy/capture.py arms it after each
 # replay); the first op that reads or writes one of them counts in ``touched`` and disarms it. Empty otherwise, so
-# an op costs one truth test of an empty set.
+# an op costs one truth test of an empty set. Armed, each op scans its arguments: after ``WATCH_OPS`` ops (other
+# lazy work between two steps, an evaluation loop) the watch gives up, counting a touch, so that work does not
+# pay the scan for long (the next replay then takes its full path).
 watched: set = set()
 touched = [0]
+WATCH_OPS = 256
+watch_left = [0]
 
 
 class LazyTensor(torch.Tensor):
@@ -72,6 +76,11 @@ class LazyTensor(torch.Tensor):
 
 def _watch(args, kwargs) -> None:
     """Count an op on a watched LazyTensor (an argument, or one in a list argument) and disarm the watch."""
+    watch_left[0] -= 1
+    if watch_left[0] <= 0:
+        touched[0] += 1
+        watched.clear()
+        return
     for group in (args, (kwargs or {}).values()):
         for a in group:
             if type(a) in (list, tuple):
