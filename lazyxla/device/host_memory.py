@@ -14,6 +14,13 @@ XLA compile: before, for what the steps and the lowering freed since the last co
 compiler's own memory. It takes ~0.2 ms after a small program and ~50-80 ms after the GPT's multi-second
 compile (timed as ``release_host_memory``); pages are not touched, moved or changed, so no number changes.
 Where the C library has no ``malloc_trim`` (macOS, musl, Windows) it does nothing.
+
+On XLA's CPU backend the device buffers are host memory too, and glibc's defaults cost steps time:
+:func:`keep_freed_buffers` (called once, before the first CPU program is built) fixes the allocator's thresholds
+so that freed buffers of up to 32 MB stay in the process and serve the next step's. glibc's dynamic defaults
+give free memory at the heap's top back to the system once it exceeds twice the largest buffer freed so far:
+three 16 MB buffers freed together are returned every time, and the next step's allocation faults their 12288
+pages in afresh. Memory the compiler frees is still returned, by :func:`release`.
 """
 
 from __future__ import annotations
@@ -37,6 +44,43 @@ def _malloc_trim():
 
 
 _trim = _malloc_trim()
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_MMAP_THRESHOLD = 32 << 20  # glibc's largest: buffers up to this size come from (and go back to) the heap
+_TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept before the allocator gives it back by itself
+_kept = []  # the (parameter, value) pairs set, once
+
+
+def keep_freed_buffers() -> bool:
+    """Fix glibc's allocator thresholds for device buffers that live in host memory (XLA's CPU backend):
+    buffers up to 32 MB come from the heap, and the heap keeps up to 1 GB of free memory at its top, so a step's
+    freed buffers serve the next step's without page faults. Once per process; False where the C library is not
+    glibc (nothing is changed).
+
+    Example::
+
+        if devices.platform() == "cpu":
+            host_memory.keep_freed_buffers()
+    """
+    if _kept:
+        return True
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    for param, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)):
+        if mallopt(param, value) == 1:
+            _kept.append((param, value))
+    return bool(_kept)
+
+
+def _mallopt():
+    """glibc's ``mallopt``, or None where the C library has none (or is not glibc: no ``malloc_trim``)."""
+    if _trim is None:
+        return None
+    f = getattr(ctypes.CDLL(None), "mallopt", None)
+    if f is not None:
+        f.argtypes = [ctypes.c_int, ctypes.c_int]
+        f.restype = ctypes.c_int
+    return f
 
 
 def supported() -> bool:

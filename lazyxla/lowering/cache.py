@@ -215,6 +215,8 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
                 targets, where = [dev], device
             name = _digest(order, leaves, roots, where, donated)
             executable = _load(store, name, targets, len(layout.specs(leaves, None)), len(roots))
+    if devices.platform() == "cpu":  # (buffers in host memory: once, before the first program runs)
+        host_memory.keep_freed_buffers()
     if executable is not None:
         metrics.inc("persistent_cache_hits")
     else:
