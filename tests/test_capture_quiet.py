@@ -113,6 +113,7 @@ def test_a_parameter_data_swap_between_steps(dev):
             model.head.bias.data = spare["t"]
         if i >= 5:
             seen.append(model.head.bias.cpu())
+            seen.append(spare["t"].cpu())  # the tensor whose storage the parameter now shares
 
     _check(dev, between, min_replays=3)
 

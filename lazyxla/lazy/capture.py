@@ -60,7 +60,8 @@ other replay since the last one is *quiet*: the results that replace a location'
 held it (``_Entry._reused``), with no functionalization call. Work between two steps that does not touch those
 tensors (the next batch moved to the device, a loss accumulator, an LR scheduler's ``fill_`` of a tensor
 learning rate) keeps the next replay quiet; when anything was recorded, the pending work is run first and the
-buffers the program takes over are checked for new holders (one scan of the live tensors). Otherwise the
+buffers the program takes over are checked for new holders (one scan of the live tensors). More than
+``tensor.WATCH_OPS`` ops between two steps (an evaluation loop) end the watch, as a touch does. Otherwise the
 replay takes the full path, which puts every result through functionalization, so views and aliases read
 since the last replay see it.
 
@@ -382,6 +383,7 @@ class _Entry:
         inner = [None] * len(self.inputs)  # per input: the LazyTensor read from its location
         ours = self._cached_inputs(flat, leaves, inner) if quiet else None
         if ours is None:
+            busy = quiet  # (an input moved since the last replay: its buffer's holders are counted)
             ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
         if ours is MISS:
             return MISS
