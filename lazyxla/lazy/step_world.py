@@ -316,7 +316,8 @@ def _cell_number(cell) -> bool:
 def make_capturable(opt: torch.optim.Optimizer) -> None:
     """Switch ``opt`` to ``capturable=True`` where it offers it (as ``torch.compile`` does for an optimizer step
     it compiles), moving its step counters to the parameters' device: its bias corrections become device math
-    instead of Python numbers that change every step.
+    instead of Python numbers that change every step. An Adam or AdamW learning rate that an LR scheduler drives
+    becomes a 0-d device tensor too (``_lr_as_tensor``).
 
     Example::
 
