@@ -26,6 +26,8 @@ def _run(device, captured, sched, opt_kind="adamw", tensor_lr=False, steps=12):
     capturable = {} if device.type == "cpu" or opt_kind == "sgd" else {"capturable": True}
     if opt_kind == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, **capturable)
+    elif opt_kind == "adamw_fused":  # HF Trainer's default optimizer
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=True)
     elif opt_kind == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False, **capturable)
     else:
@@ -54,7 +56,7 @@ def _run(device, captured, sched, opt_kind="adamw", tensor_lr=False, steps=12):
 
 
 @pytest.mark.parametrize("sched", list(_SCHEDULERS))
-@pytest.mark.parametrize("opt_kind", ["adamw", "adam"])
+@pytest.mark.parametrize("opt_kind", ["adamw", "adam", "adamw_fused"])
 def test_a_scheduled_learning_rate_is_replayed_and_equals_lazy_mode(dev, sched, opt_kind):
     lazy = _run(dev, False, sched, opt_kind, tensor_lr=True)  # lazy mode, the learning rate a tensor from the start
     replayed = _run(dev, True, sched, opt_kind)  # a float learning rate, made a tensor by capture

@@ -326,10 +326,10 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
     if "capturable" not in opt.defaults:
         return
     for group in opt.param_groups:
-        if group.get("fused") or not all(is_lazyxla(p) for p in group["params"]) or not group["params"]:
+        if not group["params"] or not all(is_lazyxla(p) for p in group["params"]):
             continue
         _lr_as_tensor(opt, group)
-        if group.get("capturable"):
+        if group.get("capturable") or group.get("fused"):  # (a fused step's counters are on the device already)
             continue
         group["capturable"] = True
         for p in group["params"]:
