@@ -79,9 +79,7 @@ def train_and_measure(rank: int, steps: int) -> dict:
     ref_losses, ref, ref_opt = cpu_reference(ex, flags)
 
     params = dict(model.named_parameters())
-    state = {
-        f"{name}.{key}": opt.state[p][key] for name, p in params.items() for key in ("exp_avg", "exp_avg_sq")
-    }
+    state = {f"{name}.{key}": opt.state[p][key] for name, p in params.items() for key in ("exp_avg", "exp_avg_sq")}
     param_fractions, param_devices, param_bytes = _holdings(params)
     state_fractions, state_devices, state_bytes = _holdings(state)
     diff = max(_difference(p, r) for p, r in zip(params.values(), ref.parameters()))

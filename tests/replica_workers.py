@@ -21,8 +21,14 @@ def _data(rank: int, shape, dtype: torch.dtype) -> torch.Tensor:
 def _np_reduce(op: str, values: list[np.ndarray]) -> np.ndarray:
     stack = np.stack(values)
     if stack.dtype == np.bool_:
-        return {"SUM": stack.any(0), "MUL": stack.all(0), "MIN": stack.min(0), "MAX": stack.max(0),
-                "AND": stack.all(0), "OR": stack.any(0)}[op]
+        return {
+            "SUM": stack.any(0),
+            "MUL": stack.all(0),
+            "MIN": stack.min(0),
+            "MAX": stack.max(0),
+            "AND": stack.all(0),
+            "OR": stack.any(0),
+        }[op]
     if op in ("AND", "OR"):
         out = values[0]
         for v in values[1:]:

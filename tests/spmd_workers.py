@@ -26,9 +26,13 @@ def _annotate(model, mesh, mode: str) -> dict:
     split = {}
     with torch.no_grad():
         for i, blk in enumerate(model.blocks):  # Megatron-style: column-parallel in, row-parallel out
-            for layer, spec in ((blk.qkv.weight, ("model", None)), (blk.fc1.weight, ("model", None)),
-                                (blk.fc1.bias, ("model",)), (blk.proj.weight, (None, "model")),
-                                (blk.fc2.weight, (None, "model"))):
+            for layer, spec in (
+                (blk.qkv.weight, ("model", None)),
+                (blk.fc1.weight, ("model", None)),
+                (blk.fc1.bias, ("model",)),
+                (blk.proj.weight, (None, "model")),
+                (blk.fc2.weight, (None, "model")),
+            ):
                 spmd.mark_sharding(layer, mesh, spec)
             for name in ("qkv.weight", "fc1.weight", "fc1.bias", "proj.weight", "fc2.weight"):
                 split[f"blocks.{i}.{name}"] = "model"
@@ -94,7 +98,7 @@ def gpt_spmd(rank: int, mode: str, steps: int = 5) -> dict:
         "split": split,
         "axis_size": mesh.axis_size("fsdp" if mode == "fsdp" else "model"),
         "specs": {k: (None if v is None else v[1]) for k, v in specs.items()},
-        "text_has_shardings": f'{{"{ "fsdp" if mode == "fsdp" else "model" }"}}' in text,
+        "text_has_shardings": f'{{"{"fsdp" if mode == "fsdp" else "model"}"}}' in text,
         "devices": lazyxla.spmd.device_count(),
     }
 

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import lazyxla
+from lazyxla.ir import ComputeError
+from tests.util import captured_step
 
 
 class _Net(nn.Module):
@@ -42,14 +44,7 @@ def _run(dev, captured: bool, between, steps: int = 10, opt_kind: str = "adamw")
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(ids, target):
-        loss = F.cross_entropy(model(ids), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    step = lazyxla.compile(step, capture=captured)
+    step = captured_step(lambda ids, target: F.cross_entropy(model(ids), target), opt, captured)
     seen: list = []
     lazyxla.metrics.reset()
     for i in range(steps):
@@ -260,3 +255,61 @@ def test_long_work_between_steps_disarms_the_watch(dev):
 
     _check(dev, between, min_replays=6)
     assert states == [(False, False), (True, False)]  # lazy mode: never armed; captured: armed, then gave up
+
+
+@pytest.mark.parametrize("took_buffers", [False, True])
+def test_a_replay_whose_program_fails(dev, monkeypatch, took_buffers):
+    """The program fails while a quiet replay runs it. Before it took its donated buffers: the error reaches the
+    caller and every parameter keeps its value (the next call records and trains on). After: the parameters it
+    took raise ``ProgramFailedError`` when read, saying what happened, and nothing else is touched."""
+    from lazyxla.lazy import graph
+
+    torch.manual_seed(0)
+    model = _Net().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, capturable=True)
+    step = captured_step(lambda ids, target: F.cross_entropy(model(ids), target), opt, True)
+    for i in range(6):
+        step(*(t.to(dev) for t in _batch(i))).item()
+    assert step.capture_status == "replaying"
+    before = {k: v.cpu() for k, v in model.state_dict().items()}
+
+    def failing(compiled, args, roots):
+        if took_buffers:  # as XLA does with the buffers it was given to donate (here: every device array)
+            for a in args:
+                if hasattr(a, "delete"):
+                    a.delete()
+        raise RuntimeError("deliberately failing program")
+
+    real = graph.launch
+    monkeypatch.setattr(graph, "launch", failing)
+    with pytest.raises(RuntimeError, match="deliberately failing program"):
+        step(*(t.to(dev) for t in _batch(6)))
+    monkeypatch.setattr(graph, "launch", real)
+    if not took_buffers:
+        for k, v in model.state_dict().items():
+            torch.testing.assert_close(v.cpu(), before[k], rtol=0, atol=0, msg=k)
+        assert step(*(t.to(dev) for t in _batch(7))).item() > 0
+    else:
+        with pytest.raises(ComputeError, match="captured step's program failed while running .*deliberately"):
+            model.head.weight.cpu()
+
+
+def test_a_location_emptied_between_steps_records_and_raises_the_users_error(dev):
+    """A tensor attribute the step updates in place, set to None between two quiet replays: the replay finds no
+    tensor there and records the call, so the step's own code raises its own error (as in lazy mode)."""
+    torch.manual_seed(0)
+    model = _Net().to(dev)
+    model.seen = torch.zeros((), device=dev)  # a plain tensor attribute, not a buffer
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loss_of(ids, target):
+        model.seen += 1
+        return F.cross_entropy(model(ids), target)
+
+    step = captured_step(loss_of, opt, True)
+    for i in range(6):
+        step(*(t.to(dev) for t in _batch(i))).item()
+    assert step.capture_status == "replaying"  # (no read of model.seen here: the next replay stays quiet)
+    model.seen = None
+    with pytest.raises(TypeError, match="NoneType"):  # the user's ``None += 1``, not an error of lazyxla's
+        step(*(t.to(dev) for t in _batch(6)))

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lazyxla
+from tests.util import captured_step
 
 _SCHEDULERS = {
     "lambda": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)),
@@ -34,15 +35,7 @@ def _run(device, captured, sched, opt_kind="adamw", tensor_lr=False, steps=12):
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scheduler = _SCHEDULERS[sched](opt)
 
-    def step(x, y):
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    if captured is not None:
-        step = lazyxla.compile(step, capture=captured)
+    step = captured_step(lambda x, y: F.mse_loss(model(x), y), opt, captured)
     g = torch.Generator().manual_seed(1)
     losses, lrs = [], []
     lazyxla.metrics.reset()

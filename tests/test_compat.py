@@ -29,6 +29,7 @@ from tests.util import ROOT, run_python
 EXAMPLES = ROOT / "examples" / "torch_xla"
 RTOL = 1e-5  # relative difference allowed between a loss on lazyxla and on CPU eager
 
+
 def _run_example(name: str, args: list[str], tmp_path: Path, writes: tuple = (), **extra: str) -> str:
     proc = run_python(["-m", "lazyxla.run", str(EXAMPLES / name), *args], tmp_path, **extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -16,7 +16,7 @@ import pytest
 
 from tests.util import run_python
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, sys, tempfile
 import numpy as np, torch
 import torch.distributed as dist
@@ -183,7 +183,7 @@ out["linear"] = {
     "bias_grad": float((dev[0].bias.grad.cpu() - lin.bias.grad).abs().max()),
 }
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -125,8 +125,7 @@ def check(root: Path, layers: dict[str, str] = LAYERS, rank: dict[str, int] = RA
             edges.setdefault(module, {}).setdefault(target, f"{where}:{node.lineno}")
             if in_function and not comments & set(range(node.lineno, (node.end_lineno or node.lineno) + 1)):
                 problems.append(
-                    f"{where}:{node.lineno}: import inside a function without a comment saying why: "
-                    f"{ast.unparse(node)}"
+                    f"{where}:{node.lineno}: import inside a function without a comment saying why: {ast.unparse(node)}"
                 )
             other = layer_of(target, layers)
             if other is None or target == module:

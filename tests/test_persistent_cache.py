@@ -110,6 +110,7 @@ def test_unusable_folder_warns_once_and_trains(tmp_path):
 
 # In-process checks (this process's jax state is shared with the other tests: each one restores it).
 
+
 def _step(dev, n: int) -> float:
     x = torch.arange(float(n)).to(dev)
     return (x * 3 + 1).sum().item()

@@ -106,7 +106,8 @@ def test_a_lowering_failure_in_the_step_of_opt_step_loses_nothing(dev, monkeypat
     monkeypatch.setitem(RULES, torch.ops.aten.cos.default, Rule(_broken))
     run.step(1, cpu=False)
     with lazyxla.config.override(explain_recompiles=True):
-        bad = torch.cos(run.keep * 2); line = __import__("inspect").currentframe().f_lineno  # noqa: E702
+        line = __import__("inspect").currentframe().f_lineno + 1  # the next line records the bad op
+        bad = torch.cos(run.keep * 2)
     with pytest.raises(LoweringError, match="lowering aten.cos.default on \\(float32\\[3\\]\\) failed") as info:
         lazyxla.sync()
     assert f"recorded at {__file__}:{line}" in str(info.value) and "deliberately broken rule" in str(info.value)

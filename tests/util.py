@@ -107,6 +107,26 @@ def train_steps(model, batch: dict, loss_of, make_opt, device, steps, on_step=No
     return model, [float(v.item()) for v in losses]
 
 
+def captured_step(loss_of, opt, captured):
+    """A training step ``step(*batch)``: ``loss_of(*batch)``, backward, ``opt.step()``, ``opt.zero_grad()``, the loss
+    returned; under ``lazyxla.compile(capture=captured)`` unless ``captured`` is None (eager, or lazy mode without
+    a region). The whole-step capture tests compare ``True`` against ``False`` (lazy mode in a region).
+
+    Example::
+
+        step = captured_step(lambda x, y: F.mse_loss(model(x), y), opt, captured=True)
+    """
+
+    def step(*batch):
+        loss = loss_of(*batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step if captured is None else lazyxla.compile(step, capture=captured)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Variables of the test's own environment that would change how a script runs in a child process.

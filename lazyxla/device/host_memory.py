@@ -30,57 +30,27 @@ import ctypes
 from lazyxla.observe import metrics
 
 
-def _malloc_trim():
-    """glibc's ``malloc_trim`` from the process's own symbols, or None where the C library has none."""
+def _libc_function(name: str, argtypes: list, restype):
+    """A C library function from the process's own symbols (the allocator lives there), typed; None where glibc's
+    allocator is not (its ``malloc_trim`` missing: macOS, musl, Windows) or the function is."""
     try:
         libc = ctypes.CDLL(None)  # the symbols already loaded: the C library the allocator lives in
     except (OSError, TypeError):  # (Windows: no such handle)
         return None
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
+    if getattr(libc, "malloc_trim", None) is None:
+        return None
+    f = getattr(libc, name, None)
+    if f is not None:
+        f.argtypes, f.restype = argtypes, restype
+    return f
 
 
-_trim = _malloc_trim()
+_trim = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+_mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest: buffers up to this size come from (and go back to) the heap
 _TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept before the allocator gives it back by itself
 _kept = []  # the (parameter, value) pairs set, once
-
-
-def keep_freed_buffers() -> bool:
-    """Fix glibc's allocator thresholds for device buffers that live in host memory (XLA's CPU backend):
-    buffers up to 32 MB come from the heap, and the heap keeps up to 1 GB of free memory at its top, so a step's
-    freed buffers serve the next step's without page faults. Once per process; False where the C library is not
-    glibc (nothing is changed).
-
-    Example::
-
-        if devices.platform() == "cpu":
-            host_memory.keep_freed_buffers()
-    """
-    if _kept:
-        return True
-    mallopt = _mallopt()
-    if mallopt is None:
-        return False
-    for param, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)):
-        if mallopt(param, value) == 1:
-            _kept.append((param, value))
-    return bool(_kept)
-
-
-def _mallopt():
-    """glibc's ``mallopt``, or None where the C library has none (or is not glibc: no ``malloc_trim``)."""
-    if _trim is None:
-        return None
-    f = getattr(ctypes.CDLL(None), "mallopt", None)
-    if f is not None:
-        f.argtypes = [ctypes.c_int, ctypes.c_int]
-        f.restype = ctypes.c_int
-    return f
 
 
 def supported() -> bool:
@@ -110,3 +80,24 @@ def release() -> bool:
     with metrics.timer("release_host_memory"):
         _trim(0)
     return True
+
+
+def keep_freed_buffers() -> bool:
+    """Fix glibc's allocator thresholds for device buffers that live in host memory (XLA's CPU backend):
+    buffers up to 32 MB come from the heap, and the heap keeps up to 1 GB of free memory at its top, so a step's
+    freed buffers serve the next step's without page faults. Once per process; False where the C library is not
+    glibc (nothing is changed).
+
+    Example::
+
+        if devices.platform() == "cpu":
+            host_memory.keep_freed_buffers()
+    """
+    if _kept:
+        return True
+    if _mallopt is None:
+        return False
+    for param, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)):
+        if _mallopt(param, value) == 1:
+            _kept.append((param, value))
+    return bool(_kept)

@@ -104,6 +104,7 @@ BACKEND = "lazyxla"  # the backend's name in torch.compile (the device may be na
 
 # ---- fakification of lazyxla tensors --------------------------------------------------------------------
 
+
 def _install_fakification() -> None:
     """Describe lazyxla tensors to PyTorch's fake-tensor converter as XLA tensors are: by their own
     metadata, not as a functional wrapper around an inner tensor (checked on the torch versions
@@ -205,10 +206,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
 def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     """Run ``gm`` on placeholder lazyxla tensors shaped like ``lazies`` (numbers as they are) and keep
     the IR it records."""
-    holders = [
-        placeholder(t._aval, device) if type(t) is LazyTensor else t
-        for t in lazies
-    ]
+    holders = [placeholder(t._aval, device) if type(t) is LazyTensor else t for t in lazies]
     placeholders = {id(h._value[0]): i for i, h in enumerate(holders) if type(h) is LazyTensor}
     state = rng.get_state()
     try:

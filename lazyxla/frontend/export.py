@@ -396,8 +396,7 @@ def _build(args, outs, out_tree, named, before, after, platforms, random_key) ->
         return tuple(results[k] for k in picks)
 
     specs = [
-        jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, devices.np_dtype(v[0].avals[v[1]].dtype))
-        for v in inputs + before
+        jax.ShapeDtypeStruct(v[0].avals[v[1]].shape, devices.np_dtype(v[0].avals[v[1]].dtype)) for v in inputs + before
     ]
     if random_key:
         specs.append(jax.ShapeDtypeStruct((2,), np.uint32))

@@ -57,9 +57,7 @@ from lazyxla.ops import ops
 _PURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn (or first layer) -> {signature: Plan}
 
 
-def scan(
-    fn: Callable, init: Any, xs: Any, *, checkpoint: bool = False, pure: bool = False
-) -> tuple[Any, Any]:
+def scan(fn: Callable, init: Any, xs: Any, *, checkpoint: bool = False, pure: bool = False) -> tuple[Any, Any]:
     """Apply ``fn`` over the leading dimension of ``xs``, carrying state: one loop in the XLA program.
 
     ``fn(carry, x) -> (new_carry, y)``, where ``x`` is ``xs`` (a tensor or a pytree of tensors with the same

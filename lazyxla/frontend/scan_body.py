@@ -238,9 +238,7 @@ def _backward(traced: _Traced, carry_w, x_w, carry_out, ys, device, made: list) 
     cotangents = [wrap(carry_ct[k]) for k, _ in outs if k is not None] + [wrap(p) for p in y_ct]
     # PyTorch's own backward of the iteration, without autocast (a loop's backward runs outside it)
     with torch_private.disable_autocast():
-        grads = torch.autograd.grad(
-            [t for _, t in outs], inputs, cotangents, allow_unused=True, materialize_grads=True
-        )
+        grads = torch.autograd.grad([t for _, t in outs], inputs, cotangents, allow_unused=True, materialize_grads=True)
     traced.grads = [unwrap(g)._value for g in grads]
 
 
@@ -385,8 +383,10 @@ def trace(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad: bool
         with config.override(strict=True):
             traced = _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, device, made)
         if metrics.counters()["syncs"] != syncs:
-            raise ScanError("scan: fn synced while it was traced (a host read: .item(), .cpu(), print, a "
-                            "data-dependent shape); a scanned function must stay on the device")
+            raise ScanError(
+                "scan: fn synced while it was traced (a host read: .item(), .cpu(), print, a "
+                "data-dependent shape); a scanned function must stay on the device"
+            )
         plan = _plan(traced, checkpoint, device)
     except Exception as e:
         if _reads_placeholder(e):

@@ -343,6 +343,8 @@ class _Entry:
         read_at = {name: k for k, (_, name, _) in enumerate(cand.inputs)}
         # (location, how it changes, result number, the input it is read from next step or None)
         self.writes = [(locs[name], kind, j, read_at.get(name)) for name, kind, j in cand.outputs]
+        # how many inputs the last replay left in place (a quiet replay finds them all where it left them)
+        self.written_inputs = sum(1 for _, kind, _, k in self.writes if kind is _SAME and k is not None)
         self.ret_spec, self.ret = cand.ret[0], [(d[0], locs[d[1]]) if d[0] == "location" else d for d in cand.ret[1]]
         self.donated = r.compiled.donated
         # how many tensors held each donated input when the verified call started: a replay's are held as often
@@ -381,12 +383,12 @@ class _Entry:
             graph.sync(reason="a captured step")  # as the region would: pending work first
         leaves = list(self.template)
         inner = [None] * len(self.inputs)  # per input: the LazyTensor read from its location
-        ours = self._cached_inputs(flat, leaves, inner) if quiet else None
-        if ours is None:
-            busy = quiet  # (an input moved since the last replay: its buffer's holders are counted)
-            ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
+        ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
         if ours is MISS:
             return MISS
+        # an input the last replay wrote that is not where it left it (a .data swap): its buffer's holders are
+        # not known, so they are counted
+        busy = busy or (quiet and len(ours) < self.written_inputs)
         if self.donated and (busy or not quiet) and not _free(leaves, self.donated, self.holders):
             return _miss("a buffer the program takes over is still held elsewhere")
         counter = rng.get_state()[1]
@@ -407,8 +409,9 @@ class _Entry:
         metrics.inc("syncs")  # a replayed step is one step's sync
         if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
             out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
-        else:
+        else:  # every location is written again: the cache and the watch start afresh
             made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
+            self._watch = {}
             out = self._put(made, flat, inner, self.writes, [None] * len(self.inputs))
         self._made = _made()
         tensor.watched.clear()
@@ -438,34 +441,12 @@ class _Entry:
             made[j] = n
         return made
 
-    def _cached_inputs(self, flat: list, leaves: list, inner: list):
-        """A quiet replay's inputs when each one the last replay wrote is still where it left it (the common
-        case: parameters and optimizer state changed in place, a new batch in the arguments): the set of those
-        nodes' ids; None when one moved (``_inputs`` then looks at each), ``MISS`` when an input does not fit."""
-        ff = _from_functional
-        ours = set()
-        for k, (pos, loc, h), c in zip(range(len(inner)), self.inputs, self._cache):
-            t = loc.get(flat)
-            if c is None:  # read, never written: an argument, a constant buffer
-                if t is None:
-                    return _miss("an input location holds no tensor")
-                lt = unwrap(t)
-                n = lt._value[0]
-                if n.op is not _DATA or n.hash != h:
-                    return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
-            else:
-                lt, n = c[0](), c[1]()
-                if lt is None or ff(t) is not lt or lt._value[0] is not n:
-                    return None
-                ours.add(id(n))
-            leaves[pos] = n
-            inner[k] = lt
-        return ours
-
     def _inputs(self, flat: list, leaves: list, inner: list, cache):
         """Each input's node from its location, checked against the program's (``MISS`` if one differs); the
-        set of the ids of those still where the last replay put them (``cache``)."""
-        ours = set()  # ids of the inputs that are the last replay's results, still where it put them
+        set of the ids of those still where the last replay put them (``cache``: weak references to the
+        LazyTensor and node it left there), which need no check."""
+        ff = _from_functional
+        ours = set()
         for k, (pos, loc, h) in enumerate(self.inputs):
             t = loc.get(flat)
             if t is None:
@@ -473,7 +454,7 @@ class _Entry:
             c = cache[k]
             if c is not None:
                 lt, n = c[0](), c[1]()
-                if lt is not None and _from_functional(t) is lt and lt._value[0] is n:
+                if lt is not None and ff(t) is lt and lt._value[0] is n:
                     leaves[pos] = n
                     inner[k] = lt
                     ours.add(id(n))
@@ -515,8 +496,6 @@ class _Entry:
         """Put the results ``made`` where ``writes`` say; ``cache`` (kept as the next replay's) learns where
         each input will be found, and ``_watch`` which LazyTensors hold them."""
         new = {}
-        if cache is not self._cache:  # a full put: every location is written again
-            self._watch = {}
         self._cache = cache
         for loc, kind, j, k in writes:
             if kind is _SAME:

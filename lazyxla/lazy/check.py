@@ -142,9 +142,7 @@ def _cpu_error(func, build, random: bool, meta_error: BaseException | None, lowe
     return first
 
 
-def raise_cpu_error(
-    func, build, *, random: bool = False, meta_error: BaseException | None = None, lowers=None
-) -> None:
+def raise_cpu_error(func, build, *, random: bool = False, meta_error: BaseException | None = None, lowers=None) -> None:
     """Raise what PyTorch's CPU kernel raises for ``func`` on stand-ins of the call's inputs, if it raises.
 
     ``build(make)`` returns the call's ``(args, kwargs)`` with each tensor input made by ``make(aval)``;

@@ -121,9 +121,7 @@ def scalar_args(func) -> tuple[tuple[int, ...], dict[str, int]]:
 def _int_input(v: int, kind: int) -> bool:
     """Whether the Python int ``v`` in an argument of this kind is a graph input (else a constant)."""
     return (
-        kind >= NUMBERS
-        and _I64[0] <= v <= _I64[1]
-        and not (kind == COEFFICIENT and v in _CONST_INTS and not _spans[0])
+        kind >= NUMBERS and _I64[0] <= v <= _I64[1] and not (kind == COEFFICIENT and v in _CONST_INTS and not _spans[0])
     )
 
 

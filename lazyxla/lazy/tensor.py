@@ -25,12 +25,12 @@ _functional_sync = torch_private.functional_sync
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
 # (A list of weakrefs costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans.)
 _live: list = []
-# How many LazyTensors were ever made (one item, read by a replayed step: when none was made since its last
-# replay, no new value can hold or read the buffers it takes over; lazy/capture.py)
+# How many LazyTensors were ever made (one item, read by a replayed step: when none but ``fresh`` ones was made
+# since its last replay, nothing was recorded that could read or hold the buffers it takes over; lazy/capture.py)
 made = [0]
 # How many of those were fresh device data or factory results (an upload's, ``torch.empty``'s), made from no
-# existing value: they cannot hold or read a replay's buffers (``capture._activity`` subtracts them, so that
-# moving the next batch to the device between two replays keeps the second one quiet)
+# existing value: they cannot hold or read a replay's buffers (``capture._made`` subtracts them, so that moving
+# the next batch to the device between two replays asks for no sync and no scan of the live tensors)
 fresh = [0]
 # ids of the LazyTensors a captured step's next quiet replay changes in place (lazy/capture.py arms it after each
 # replay); the first op that reads or writes one of them counts in ``touched`` and disarms it. Empty otherwise, so

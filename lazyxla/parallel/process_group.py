@@ -112,12 +112,16 @@ class LazyxlaProcessGroup(ProcessGroup):
         values = self._exchange([t.clone() for t in tensors])
         for i, t in enumerate(tensors):
             stack = torch.stack([v[i] for v in values])
-            reduced = {
-                ReduceOp.SUM: lambda s: s.sum(0),
-                ReduceOp.MUL: lambda s: s.prod(0),
-                ReduceOp.MIN: lambda s: s.amin(0),
-                ReduceOp.MAX: lambda s: s.amax(0),
-            }[op](stack) if op in (ReduceOp.SUM, ReduceOp.MUL, ReduceOp.MIN, ReduceOp.MAX) else _bitwise(op, stack)
+            reduced = (
+                {
+                    ReduceOp.SUM: lambda s: s.sum(0),
+                    ReduceOp.MUL: lambda s: s.prod(0),
+                    ReduceOp.MIN: lambda s: s.amin(0),
+                    ReduceOp.MAX: lambda s: s.amax(0),
+                }[op](stack)
+                if op in (ReduceOp.SUM, ReduceOp.MUL, ReduceOp.MIN, ReduceOp.MAX)
+                else _bitwise(op, stack)
+            )
             t.copy_(reduced / self._size if avg else reduced)
         return done(tensors)
 

@@ -16,6 +16,7 @@ import transformers as T
 
 import lazyxla
 from tests.clients.architectures import batch, build
+from tests.util import captured_step
 
 STEPS = 10
 
@@ -25,19 +26,12 @@ def _loop(name: str, device, captured, after_step=lambda: None):
     model, _ = build(name)
     model = model.to(device)
     fused = device.type != "cpu"  # (CPU eager: torch's fused AdamW on the CPU is the same math, foreach here)
-    lr = torch.tensor(1e-2, device=device) if captured is False else 1e-2  # lazy mode: the lr capture makes
+    # lazy mode (False) starts from the tensor learning rate that capture makes of the float under a scheduler
+    lr = torch.tensor(1e-2, device=device) if captured is False else 1e-2
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=fused)
     scheduler = T.get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=STEPS)
 
-    def step(inputs):
-        loss = model(**inputs).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    if captured is not None:
-        step = lazyxla.compile(step, capture=captured)
+    step = captured_step(lambda inputs: model(**inputs).loss, opt, captured)
     tr_loss = torch.zeros((), device=device)
     losses, lrs = [], []
     lazyxla.metrics.reset()

@@ -46,8 +46,15 @@ MODELS = {
     ),
     "t5": lambda: T.T5ForConditionalGeneration(
         T.T5Config(
-            vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
-            decoder_start_token_id=0, initializer_factor=3.0,  # the default init: a random T5 repeating one token
+            vocab_size=V,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            initializer_factor=3.0,  # the default init: a random T5 repeating one token
         )
     ),  # fmt: skip
 }

@@ -126,7 +126,6 @@ class _Region:
             else:
                 _sync_after_error()
 
-
     def __call__(self, fn: Callable) -> Callable:
         """``@torch_xla.compile()``: the region as a decorator."""
         if self._region.name is None:

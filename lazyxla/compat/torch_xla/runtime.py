@@ -10,6 +10,7 @@ Example::
     n = xr.global_runtime_device_count()
     print(xr.device_type(), n, xr.world_size(), xr.global_ordinal())
 """
+
 from __future__ import annotations
 
 import os

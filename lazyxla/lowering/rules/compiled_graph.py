@@ -78,4 +78,3 @@ def _compiled_graph(ctx, inputs, graph):
     if traced is None:
         raise RuntimeError(f"lazyxla: no traced graph {graph} in this process (a torch.compile graph of another run?)")
     return list(traced.jax_fn(ctx.axis, ctx.world)(*inputs))
-
