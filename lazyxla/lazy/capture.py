@@ -399,7 +399,7 @@ class _Entry:
         try:
             outs = graph.launch(self.compiled, args, ())
         except BaseException as e:
-            _lost(leaves, self.donated, inner, e)
+            _lost(leaves, self.donated, e)
             raise
         for i in self.donated:
             leaves[i].payload = None
@@ -576,17 +576,23 @@ def _free(leaves: list, donated: tuple, expected: list) -> bool:
     return not pending or not any(id(m) in taken for m in graph.plan_values(pending)[2])
 
 
-def _lost(leaves: list, donated: tuple, inner: list, error: BaseException) -> None:
-    """The program failed after taking its donated buffers: the locations they came from have no value now, and
-    raise when read (as after a recorded step's failure: ``graph.ProgramFailedError``)."""
-    gone = {id(leaves[i]) for i in donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()}
+def _lost(leaves: list, donated: tuple, error: BaseException) -> None:
+    """The program failed after taking its donated buffers: every tensor that held one (the locations, their
+    functionalization bases, aliases) has no value now, and raises when read (as after a recorded step's failure:
+    ``graph.ProgramFailedError``); the buffers are dropped, so waiting for the device skips them."""
+    consumed = [leaves[i] for i in donated if leaves[i].payload is not None and leaves[i].payload.is_deleted()]
+    if not consumed:
+        return
+    gone = {id(n) for n in consumed}
+    for n in consumed:
+        n.payload = None
     why = graph.ProgramFailedError(
         f"the captured step's program failed while running ({type(error).__name__}: {error}), after it had taken "
         "the buffers of its donated inputs, so their values are gone (restore them, e.g. from a checkpoint)"
     )
     why.__cause__ = error
-    for lt in inner:
-        if lt is not None and id(lt._value[0]) in gone:
+    for lt in live_tensors():
+        if id(lt._value[0]) in gone:
             lt._value = (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0)
 
 
