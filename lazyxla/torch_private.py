@@ -333,3 +333,54 @@ def dtensor_spec(mesh, placements: tuple, shape: torch.Size, stride: tuple, dtyp
 
     meta = TensorMeta(shape=shape, stride=stride, dtype=dtype)
     return DTensorSpec(mesh=mesh, placements=placements, tensor_meta=meta)
+
+
+# ---- serialization, copying and storages (frontend/storage.py) ---------------------------------------------
+#
+# A lazyxla tensor is a functionalization wrapper: PyTorch says it has a storage (functionalization's, with no
+# data pointer), so torch.save, pickle and copy.deepcopy take the path for tensors with host-addressable storage
+# and crash or raise. PyTorch offers a device no hook for these, so lazyxla replaces the Tensor methods and the
+# storage constructor below with versions that treat its tensors as the XLA device's are treated.
+
+import copyreg  # noqa: E402
+
+import torch.serialization  # noqa: E402
+import torch.storage  # noqa: E402
+import torch.utils.hooks  # noqa: E402
+
+# the reduction torch.save/pickle call for a plain tensor, and the deep copy copy.deepcopy calls
+tensor_reduce_ex_internal = torch.Tensor._reduce_ex_internal
+tensor_deepcopy = torch.Tensor.__deepcopy__
+# PyTorch's own rebuild function for a tensor over a storage (torch.load's weights_only unpickler allows it)
+rebuild_tensor_v2 = torch._utils._rebuild_tensor_v2
+# the conj/neg bits PyTorch saves beside a tensor, and the warning that hooks are not saved
+tensor_metadata = torch._utils.get_tensor_metadata
+warn_if_has_hooks = torch.utils.hooks.warn_if_has_hooks
+# torch.serialization.skip_data(): a save that writes no tensor bytes
+serialization_tls = torch.serialization._serialization_tls
+# the C type of every storage: its __new__ allocates with the device's C++ allocator (lazyxla has none)
+StorageBase = _C.StorageBase
+storage_new = _C.StorageBase.__new__
+# a subclass's slots, which copy.deepcopy copies as PyTorch's own __deepcopy__ does
+slot_names = copyreg._slotnames  # copyreg's own helper, which PyTorch's __deepcopy__ uses too
+
+
+def has_storage(t: torch.Tensor) -> bool:
+    """Whether PyTorch reports a storage for ``t`` (a functionalization wrapper does; a wrapper subclass not)."""
+    return _C._has_storage(t)
+
+
+def clear_non_serializable_cached_data(t: torch.Tensor) -> None:
+    """Drop the size/stride caches a subclass keeps in its ``__dict__`` (PyTorch does before copying it)."""
+    t._clear_non_serializable_cached_data()
+
+
+def set_tensor_methods(reduce_ex_internal: Callable, deepcopy: Callable) -> None:
+    """Install the tensor reduction (``torch.save``, pickle, ``copy.copy``) and deep copy lazyxla's tensors need."""
+    torch.Tensor._reduce_ex_internal = reduce_ex_internal
+    torch.Tensor.__deepcopy__ = deepcopy
+
+
+def set_storage_new(new: Callable) -> None:
+    """Route ``torch.UntypedStorage(...)`` (and TypedStorage's, ``storage.to``, ``torch.load``'s) through ``new``."""
+    torch.UntypedStorage.__new__ = staticmethod(new)

@@ -19,7 +19,8 @@ import socket
 import sys
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 import torch
 
@@ -112,8 +113,10 @@ def _create_temp(folder: str, target: str) -> tuple[int, str]:
     raise FileExistsError(f"lazyxla: could not create a temporary file for {target} in {folder}")
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, replace: bool = True) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], replace: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+    ``data`` is bytes, or a function that writes to the file object it is given (``torch.save`` into it): when it
+    raises, ``path`` is left as it was.
 
     A temporary file in the same folder (``.<name>.tmp.<pid>.<random>.<host>``, created with O_EXCL, mode
     0600) is written and fsynced, then renamed over ``path``, and the folder is fsynced so the rename
@@ -125,6 +128,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, replace: bool = True) -> 
 
         atomic_write("run/state.bin", payload)
         atomic_write("run/secret", key, replace=False)     # only if no other process wrote it first
+        atomic_write("ckpt.pt", lambda f: torch.save(state, f))
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -133,7 +137,10 @@ def atomic_write(path: str | os.PathLike, data: bytes, replace: bool = True) -> 
     fd, tmp = _create_temp(folder, target)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if replace:

@@ -416,6 +416,25 @@ def _single_sample_loss(func, single):
     return handler
 
 
+def _set_from_storage(x, source, storage_offset=0, size=None, stride=None):
+    """``aten.set.source_Storage(_storage_offset)`` (``t.set_(storage, ...)``, after functionalization): a new device
+    value with the bytes of ``source``, a storage in host memory -- a CPU storage, or the host memory that stands
+    for the device's (``frontend/storage.py``: what ``torch.load`` and ``storage.to(device)`` give). PyTorch's
+    ``_rebuild_tensor`` builds every loaded tensor this way. The storage of another lazyxla tensor has no bytes
+    on the host (its values are the device's): PyTorch's error is replaced by one saying what to do."""
+    host = torch.empty(0, dtype=x.dtype)
+    try:
+        host = host.set_(source) if size is None else host.set_(source, storage_offset, size, stride or ())
+    except RuntimeError as e:
+        if "different device" not in str(e):
+            raise
+        raise RuntimeError(
+            f"set_() with the storage of a {devices.torch_name()} tensor: its values live on the device, not in "
+            "a storage; use t.set_(other_tensor), or copy: t = other.clone()"
+        ) from None
+    return cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), x._value[0].device)
+
+
 SPECIAL = {
     aten.multi_margin_loss.default: _single_sample_loss(aten.multi_margin_loss.default, lambda x, t: t.dim() == 0),
     aten.multilabel_margin_loss_forward.default: _single_sample_loss(
@@ -430,6 +449,8 @@ SPECIAL = {
     aten.select_scatter.default: positions.select_scatter,
     aten.slice_scatter.default: positions.slice_scatter,
     aten.copy.default: copy_into,
+    aten.set.source_Storage: _set_from_storage,
+    aten.set.source_Storage_storage_offset: _set_from_storage,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.lift_fresh.default: _lift,

@@ -1,0 +1,244 @@
+"""``torch.save``, ``torch.load``, pickle and ``copy.deepcopy`` of lazyxla tensors, as for a CUDA tensor.
+
+Why: a lazyxla tensor is a functionalization wrapper, and PyTorch reports a storage for it (functionalization's,
+with no data pointer). PyTorch's serializer and ``Tensor.__deepcopy__`` take the path of a tensor whose storage
+holds its bytes: ``torch.save`` raised ("invalid python storage") and ``copy.deepcopy`` crashed the process, as
+did ``torch.load(map_location=lazyxla.device())`` and ``storage.to(device)``, which allocate device storage
+with the device's C++ allocator (a Python backend has none). PyTorch offers a device no hook for these, so:
+
+- **Saving** (``torch.save``, pickle, ``copy.copy``): a lazyxla tensor reduces to PyTorch's own
+  ``_rebuild_tensor_v2`` over a :class:`DeviceStorage`, a host copy of its values that reports the lazyxla
+  device. The file is an ordinary PyTorch checkpoint whose storages are tagged ``lazyxla:0``, as a CUDA
+  checkpoint's are tagged ``cuda:0``: ``torch.load(f)`` puts them back on the device, ``map_location="cpu"``
+  loads them on any machine (without lazyxla too), ``weights_only=True`` accepts them. Tensors that hold one
+  value of one storage (a tied weight's ``state_dict()`` entries, ``t`` and ``t.detach()``) are written once.
+- **Storages on the device** (``torch.UntypedStorage(n, device="lazyxla")``, ``storage.to(device)``,
+  ``torch.load``'s restore): a :class:`DeviceStorage`, host memory standing for the device's, since lazyxla's
+  device memory belongs to jax. ``tensor.set_(storage, ...)`` on a lazyxla tensor copies it to the device
+  (``lazy/special.py``), which is how PyTorch's ``_rebuild_tensor`` makes the loaded tensor.
+- **Deep copies**: a clone (free: the same recorded value), as PyTorch does for XLA tensors; tensors that share
+  a storage and value in the original share one in the copy (aliases, as ``detach()`` makes).
+
+Not kept across a save: views of one storage with different shapes are written as separate storages (the
+wrapper's strides are not the view's, so the relation cannot be rebuilt), and tensors rebuilt from one saved
+storage are separate device values (equal, not aliased). ``copy.copy`` of a lazyxla tensor is a copy, not an
+alias.
+
+Example::
+
+    torch.save(model.state_dict(), "ckpt.pt")                      # storages tagged lazyxla:0
+    sd = torch.load("ckpt.pt", map_location=lazyxla.device())     # or map_location="cpu" anywhere
+    ema = copy.deepcopy(model)                                     # no host round trip
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from lazyxla import torch_private
+from lazyxla.device.devices import on_device
+from lazyxla.lazy.tensor import unwrap
+from lazyxla.util import atomic_write
+
+
+class DeviceStorage(torch.UntypedStorage):
+    """Host memory standing for a lazyxla device's: the storage of a saved lazyxla tensor, and what
+    ``torch.UntypedStorage(n, device="lazyxla")``, ``storage.to(device)`` and ``torch.load`` give for the device.
+    It reports the device (``storage.device``), so PyTorch's serializer tags it ``lazyxla:N`` and
+    ``torch.empty(0, device=storage.device).set_(storage)`` builds a lazyxla tensor with its bytes.
+
+    Example:
+        >>> s = torch.ones(3).untyped_storage().to(device=lazyxla.device())
+        >>> s.device, torch.empty(0, device=s.device).set_(s).view(torch.float32).cpu()
+        (device(type='lazyxla', index=0), tensor([1., 1., 1.]))
+    """
+
+    @property
+    def device(self) -> torch.device:
+        return self._lazyxla_device
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
+
+
+def _as_device_storage(storage: torch.UntypedStorage, device: torch.device) -> DeviceStorage:
+    """``storage`` (host memory nobody else holds) relabelled as ``device``'s: no copy."""
+    storage.__class__ = DeviceStorage  # same C layout: the Python class only changes what .device says
+    storage._lazyxla_device = device
+    return storage
+
+
+def _device_of(device) -> torch.device | None:
+    """The lazyxla device ``device`` names, or None (``device`` as ``torch.UntypedStorage`` takes it)."""
+    if isinstance(device, (str, torch.device)) and on_device(torch.device(device)):
+        return torch.device(device)
+    return None
+
+
+def _storage_new(cls, *args, device=None, **kwargs):
+    """``torch.UntypedStorage.__new__``: a :class:`DeviceStorage` for a lazyxla device, PyTorch's otherwise."""
+    target = _device_of(device)
+    if target is None:
+        if device is not None:
+            kwargs["device"] = device
+        return torch_private.storage_new(cls, *args, **kwargs)
+    storage = torch_private.storage_new(DeviceStorage, *args, **kwargs)
+    storage._lazyxla_device = target
+    return storage
+
+
+def _is_lazyxla(t: torch.Tensor) -> bool:
+    """A user-visible lazyxla tensor (a wrapper with functionalization's storage), not a fake one."""
+    return on_device(t) and torch_private.has_storage(t) and not torch_private.is_fake(t)
+
+
+# The host copies made for saving, by (storage, value): tensors holding one value of one storage (a tied weight's
+# state-dict entries) reduce to one DeviceStorage, which the serializer writes once. Weak: a copy lives as long as a
+# save or pickle holds it; the value's node is kept with it, so an id reused by a later node never matches.
+_saved: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _host_storage(t: torch.Tensor) -> DeviceStorage:
+    """A :class:`DeviceStorage` holding ``t``'s values in row-major order (one host read, shared as above)."""
+    value = unwrap(t)._value
+    key = (torch_private.storage_id(t), id(value[0]), value[1], t.dtype, tuple(t.shape))
+    held = _saved.get(key)
+    if held is not None and held._lazyxla_value[0] is value[0]:
+        return held
+    if torch_private.serialization_tls.skip_data:  # torch.serialization.skip_data(): no bytes are written
+        storage = torch.UntypedStorage(t.numel() * t.element_size())
+    else:
+        storage = t.detach().cpu().clone(memory_format=torch.contiguous_format).untyped_storage()
+    storage = _as_device_storage(storage, t.device)
+    storage._lazyxla_value = value
+    _saved[key] = storage
+    return storage
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _reduce_ex_internal(self: torch.Tensor, proto):
+    """``Tensor._reduce_ex_internal`` (what ``torch.save``, pickle and ``copy.copy`` call): PyTorch's for every
+    tensor but lazyxla's, which reduce to ``_rebuild_tensor_v2`` over a :class:`DeviceStorage`."""
+    if not _is_lazyxla(self):
+        return _original_reduce(self, proto)
+    torch_private.warn_if_has_hooks(self)
+    storage = torch.storage.TypedStorage(wrap_storage=_host_storage(self), dtype=self.dtype, _internal=True)
+    args = (storage, 0, tuple(self.size()), _contiguous_strides(self.shape), self.requires_grad, OrderedDict())
+    metadata = torch_private.tensor_metadata(self)
+    if metadata:
+        args = args + (metadata,)
+    return torch_private.rebuild_tensor_v2, args
+
+
+def _deepcopy(self: torch.Tensor, memo):
+    """``Tensor.__deepcopy__``: PyTorch's for every tensor but lazyxla's, which are cloned as PyTorch clones XLA
+    tensors (no host read); tensors sharing a storage and value stay aliases of one copy."""
+    if not _is_lazyxla(self) or not self.is_leaf:  # PyTorch's raises its own error for a non-leaf
+        return _original_deepcopy(self, memo)
+    if id(self) in memo:
+        return memo[id(self)]
+    value = unwrap(self)._value
+    key = ("lazyxla storage", torch_private.storage_id(self), id(value[0]), value[1], self.dtype, tuple(self.shape))
+    with torch.no_grad():
+        shared = memo.get(key)
+        new = shared.detach() if shared is not None else self.clone()
+        if shared is None:
+            memo[key] = new
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        if type(self) is not torch.Tensor:
+            if type(new) is not type(self):
+                raise RuntimeError(
+                    f"copy.deepcopy of a {type(self).__name__} on {self.device}: its clone() returned a "
+                    f"{type(new).__name__}; give the subclass a clone() that keeps its type, or a __deepcopy__"
+                )
+            for slot in torch_private.slot_names(type(self)):
+                if hasattr(self, slot):
+                    setattr(new, slot, copy.deepcopy(getattr(self, slot), memo))
+        torch_private.clear_non_serializable_cached_data(self)
+        new.__dict__ = copy.deepcopy(self.__dict__, memo)
+    memo[id(self)] = new
+    return new
+
+
+def _holds_lazyxla(obj, depth: int = 0) -> bool:
+    """Whether ``obj`` holds a lazyxla tensor where a checkpoint keeps them: in nested dicts, lists and tuples, a
+    module's parameters and buffers, an optimizer's state (a custom object's attributes are not searched)."""
+    if isinstance(obj, torch.Tensor):
+        return on_device(obj)
+    if depth > 8:
+        return False
+    if isinstance(obj, dict):
+        return any(_holds_lazyxla(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return any(_holds_lazyxla(v, depth + 1) for v in obj)
+    if isinstance(obj, torch.nn.Module):
+        return any(on_device(t) for t in obj.state_dict(keep_vars=True).values())
+    if isinstance(obj, torch.optim.Optimizer):
+        return _holds_lazyxla(obj.state, depth + 1) or _holds_lazyxla(obj.param_groups, depth + 1)
+    return False
+
+
+def _mode_for(path) -> int:
+    """The permission bits ``open(path, "wb")`` would leave: the existing file's, else 0666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0o022)  # reading the umask means setting it: put it back at once
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _saving_atomically(save):
+    """``torch.save`` that, for a path and an object holding lazyxla tensors, writes a temporary file in the same
+    folder and renames it over the path: a save that fails (a device error computing a tensor, an object pickle
+    refuses) leaves the previous checkpoint as it was. Anything else is PyTorch's ``torch.save`` unchanged."""
+
+    @functools.wraps(save)
+    def atomic_save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)) or not _holds_lazyxla(obj):
+            return save(obj, f, *args, **kwargs)
+        folder = os.path.dirname(os.path.abspath(f))
+        if not os.path.isdir(folder):  # PyTorch's own error for a missing folder, before anything is computed
+            return save(obj, f, *args, **kwargs)
+        mode = _mode_for(f)
+        atomic_write(f, lambda file: save(obj, file, *args, **kwargs))
+        os.chmod(f, mode)  # the temporary file was private (0600); the checkpoint gets the mode open() gives it
+
+    atomic_save._lazyxla = True
+    return atomic_save
+
+
+_original_reduce = torch_private.tensor_reduce_ex_internal
+_original_deepcopy = torch_private.tensor_deepcopy
+_installed = False
+
+
+def install() -> None:
+    """Install the tensor reduction, deep copy and device storages above (once)."""
+    global _installed
+    if not _installed:
+        torch_private.set_tensor_methods(_reduce_ex_internal, _deepcopy)
+        torch_private.set_storage_new(_storage_new)
+        if not getattr(torch.save, "_lazyxla", False):
+            torch.save = _saving_atomically(torch.save)
+        _installed = True
+
+
+__all__ = ["DeviceStorage", "install"]
