@@ -384,3 +384,19 @@ def set_tensor_methods(reduce_ex_internal: Callable, deepcopy: Callable) -> None
 def set_storage_new(new: Callable) -> None:
     """Route ``torch.UntypedStorage(...)`` (and TypedStorage's, ``storage.to``, ``torch.load``'s) through ``new``."""
     torch.UntypedStorage.__new__ = staticmethod(new)
+
+
+def accept_wrapped_storage(cls: type) -> None:
+    """Let ``TypedStorage.to`` / ``.cpu`` / ``.clone`` wrap a storage of class ``cls`` (a subclass of UntypedStorage):
+    PyTorch's ``_new_wrapped_storage`` accepts exactly ``UntypedStorage`` and nothing derived from it."""
+    typed = torch.storage.TypedStorage
+    original = typed._new_wrapped_storage
+
+    def _new_wrapped_storage(self, untyped_storage):
+        if not isinstance(untyped_storage, cls):
+            return original(self, untyped_storage)
+        if type(self) is typed:
+            return typed(wrap_storage=untyped_storage, dtype=self.dtype, _internal=True)
+        return type(self)(wrap_storage=untyped_storage)
+
+    typed._new_wrapped_storage = _new_wrapped_storage

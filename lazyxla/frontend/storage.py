@@ -40,9 +40,11 @@ import weakref
 from collections import OrderedDict
 
 import torch
+import torch.utils.dlpack
 
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
+from lazyxla.lazy.special import refilled
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.util import atomic_write
 
@@ -92,6 +94,21 @@ def _storage_new(cls, *args, device=None, **kwargs):
     storage = torch_private.storage_new(DeviceStorage, *args, **kwargs)
     storage._lazyxla_device = target
     return storage
+
+
+def _restore(storage, location: str):
+    """``torch.load``'s restore for a storage tagged (or mapped to) a lazyxla device: the host storage read from the
+    file, relabelled as the device's (PyTorch's own restore for a PrivateUse1 device would copy it first)."""
+    if not isinstance(location, str) or _device_of(location.split(":")[0]) is None:
+        return None
+    device = torch.device(location)
+    if device.index is not None and device.index >= torch.accelerator.device_count():
+        raise RuntimeError(
+            f"torch.load: the checkpoint's tensors are on {location}, and this process has "
+            f"{torch.accelerator.device_count()} {device.type} device(s); pass map_location "
+            f"(e.g. map_location='{device.type}:0' or 'cpu')"
+        )
+    return _as_device_storage(storage, device)
 
 
 def _is_lazyxla(t: torch.Tensor) -> bool:
@@ -225,6 +242,37 @@ def _saving_atomically(save):
     return atomic_save
 
 
+def _loading(load):
+    """``torch.load`` that gives the tensors it put on a lazyxla device the bytes it read after building them
+    (PyTorch's legacy format; ``lazy/special.py``). Anything else is PyTorch's ``torch.load`` unchanged."""
+
+    @functools.wraps(load)
+    def lazyxla_load(*args, **kwargs):
+        with refilled():
+            return load(*args, **kwargs)
+
+    lazyxla_load._lazyxla = True
+    return lazyxla_load
+
+
+def _refusing_dlpack(export):
+    """``to_dlpack`` / ``Tensor.__dlpack__`` that refuse a lazyxla tensor with a clear error. DLPack hands the
+    consumer a pointer to the tensor's memory; a lazyxla tensor's values are a jax buffer that only a sync makes
+    exist and that XLA may donate, so no pointer can alias them (PyTorch's own export would hand out a null one)."""
+
+    @functools.wraps(export)
+    def refuse(tensor, *args, **kwargs):
+        if on_device(tensor):
+            raise BufferError(
+                f"DLPack cannot export a {tensor.device} tensor: its values live in XLA device memory that lazyxla "
+                "does not let other libraries alias. Export a host copy (tensor.cpu()) instead."
+            )
+        return export(tensor, *args, **kwargs)
+
+    refuse._lazyxla = True
+    return refuse
+
+
 _original_reduce = torch_private.tensor_reduce_ex_internal
 _original_deepcopy = torch_private.tensor_deepcopy
 _installed = False
@@ -236,8 +284,13 @@ def install() -> None:
     if not _installed:
         torch_private.set_tensor_methods(_reduce_ex_internal, _deepcopy)
         torch_private.set_storage_new(_storage_new)
+        torch_private.accept_wrapped_storage(DeviceStorage)
+        torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
+            torch.load = _loading(torch.load)
+        torch.Tensor.__dlpack__ = _refusing_dlpack(torch.Tensor.__dlpack__)
+        torch.utils.dlpack.to_dlpack = torch.to_dlpack = _refusing_dlpack(torch.utils.dlpack.to_dlpack)
         _installed = True
 
 

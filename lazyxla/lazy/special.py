@@ -432,7 +432,43 @@ def _set_from_storage(x, source, storage_offset=0, size=None, stride=None):
             f"set_() with the storage of a {devices.torch_name()} tensor: its values live on the device, not in "
             "a storage; use t.set_(other_tensor), or copy: t = other.clone()"
         ) from None
-    return cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), x._value[0].device)
+    out = cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), x._value[0].device)
+    if _refills.depth and getattr(source, "_torch_load_uninitialized", False):
+        _refills.pending.append((out, host))  # PyTorch's legacy format reads the bytes in after this
+    return out
+
+
+class _Refills(threading.local):
+    """Tensors ``torch.load`` built from storages whose bytes it reads only later (PyTorch's legacy format builds
+    every tensor first, then fills the storages), copied again when the outermost load ends (``refilled``)."""
+
+    depth = 0
+
+    def __init__(self):
+        self.pending: list = []
+
+
+_refills = _Refills()
+
+
+@contextlib.contextmanager
+def refilled():
+    """Around ``torch.load``: tensors it built on the device from storages it filled afterwards get their bytes.
+
+    Example::
+
+        with refilled():
+            state = torch.load(f)      # a checkpoint in PyTorch's legacy format, onto the device
+    """
+    _refills.depth += 1
+    try:
+        yield
+    finally:
+        _refills.depth -= 1
+    if _refills.depth == 0:  # only after a load that returned: a failed one's tensors are not handed out
+        pending, _refills.pending = _refills.pending, []
+        for lt, host in pending:
+            lt._value = cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), lt._value[0].device)._value
 
 
 SPECIAL = {
