@@ -19,7 +19,7 @@ from lazyxla.device import processes
 from lazyxla.device.devices import on_device
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel.collectives import ReduceOp, all_reduce
-from lazyxla.util import atomic_write, map_tensors
+from lazyxla.util import atomic_write, map_tensors, require_parent_folder
 
 BUCKET_BYTES = 32 * 1024 * 1024  # gradients all-reduced together, per coalesced op
 
@@ -96,7 +96,7 @@ def save(obj: Any, path: str | os.PathLike, master_only: bool = True) -> None:
 
         lazyxla.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "ckpt.pt")
     """
-    _check_folder_exists(path)
+    require_parent_folder(path, "lazyxla.save")  # before the sync and the copy to the host
     sync()
     cpu = _to_cpu(obj)
     if not master_only or processes.is_master():
@@ -105,14 +105,6 @@ def save(obj: Any, path: str | os.PathLike, master_only: bool = True) -> None:
         atomic_write(path, buffer.getvalue())
     if processes.world_size() > 1:
         processes.rendezvous("lazyxla.save")
-
-
-def _check_folder_exists(path: str | os.PathLike) -> None:
-    # torch.save's error (type and words), raised before the sync and the copy to the host rather than as the
-    # temporary file's FileNotFoundError, which names a file the user never asked for
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    if not os.path.isdir(folder):
-        raise RuntimeError(f"Parent directory {folder} does not exist. (lazyxla.save creates no folders.)")
 
 
 def load(path: str | os.PathLike, device: torch.device | str | None = None, **torch_load_args: Any) -> Any:
