@@ -125,6 +125,14 @@ FLAGS: tuple[Flag, ...] = (
         "(logged by the 'lazyxla' logger, listed by lazyxla.metrics.recompiles()). Costs ~2 µs per op.",
     ),
     Flag(
+        "warn_graph_nodes",
+        int,
+        100_000,
+        "Warn once when the pending graph (ops recorded and not yet computed) reaches this many nodes: a loop "
+        "that never syncs (no lazyxla.sync() / xm.mark_step(), no DeviceLoader) records every step into one "
+        "ever larger program. A training step of a GPT-2-sized model is a few thousand nodes. 0: never warn.",
+    ),
+    Flag(
         "dump_dir",
         str,
         "",
