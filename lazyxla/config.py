@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ class Flag:
     default: Any
     help: str
     affects_compile: bool = False
+    choices: tuple = ()  # the values a str flag accepts (empty: any)
 
     @property
     def env(self) -> str:
@@ -103,6 +106,7 @@ FLAGS: tuple[Flag, ...] = (
         "data (slices, reshapes: they hold no work); inputs no tensor holds are "
         "donated. A multi-process run always computes what a read needs (and what is on the way), nothing more. "
         "See docs/performance.md (generation) for what each costs.",
+        choices=("needed", "all"),
     ),
     Flag(
         "freeze_gc",
@@ -121,6 +125,14 @@ FLAGS: tuple[Flag, ...] = (
         "(logged by the 'lazyxla' logger, listed by lazyxla.metrics.recompiles()). Costs ~2 µs per op.",
     ),
     Flag(
+        "warn_graph_nodes",
+        int,
+        100_000,
+        "Warn once when the pending graph (ops recorded and not yet computed) reaches this many nodes: a loop "
+        "that never syncs (no lazyxla.sync() / xm.mark_step(), no DeviceLoader) records every step into one "
+        "ever larger program. A training step of a GPT-2-sized model is a few thousand nodes. 0: never warn.",
+    ),
+    Flag(
         "dump_dir",
         str,
         "",
@@ -137,8 +149,10 @@ FLAGS: tuple[Flag, ...] = (
         "matmul_precision",
         str,
         "highest",
-        "Precision of float32 matmuls and convolutions (jax: 'default', 'high', 'highest').",
+        "Precision of float32 matmuls and convolutions (jax's names: 'default', 'high', 'highest', or 'bfloat16', "
+        "'tensorfloat32', 'float32').",
         affects_compile=True,
+        choices=("default", "high", "highest", "bfloat16", "tensorfloat32", "float32"),
     ),
     Flag(
         "round_half_intermediates",
@@ -296,6 +310,7 @@ _BY_NAME = {f.name: f for f in FLAGS}
 
 
 def _parse(flag: Flag, raw: str) -> Any:
+    """The value of ``flag``'s environment variable, or a ValueError naming the variable and what it takes."""
     if flag.type is bool:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -303,7 +318,39 @@ def _parse(flag: Flag, raw: str) -> Any:
         if low in ("0", "false", "no", "off", ""):
             return False
         raise ValueError(f"{flag.env}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
-    return flag.type(raw)
+    if flag.type is int:
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ValueError(f"{flag.env}={raw!r}: expected an integer (default: {flag.default})") from None
+    _check_choice(flag, raw, f"{flag.env}={raw!r}")
+    return raw
+
+
+def _check_choice(flag: Flag, value: Any, where: str) -> None:
+    # checked where the value is given (the environment at import, or an assignment), not where it is used: a
+    # bad precision would otherwise fail inside jax at the first sync, with no word of the variable
+    if flag.choices and value not in flag.choices:
+        raise ValueError(f"{where}: expected one of {', '.join(map(repr, flag.choices))}")
+
+
+def unknown_variables(environ: dict[str, str]) -> list[str]:
+    """Warnings for ``LAZYXLA_*`` names in ``environ`` that are no flag's variable (lazyxla reads no other),
+    each with the closest flag's variable: a misspelled name would otherwise be ignored without a word.
+
+    Example::
+
+        unknown_variables({"LAZYXLA_PERSISTANT_CACHE": "0"})
+        # ['LAZYXLA_PERSISTANT_CACHE is not a lazyxla variable and is ignored; did you mean LAZYXLA_PERSISTENT_CACHE?']
+    """
+    known = {f.env for f in FLAGS}
+    messages = []
+    for name in sorted(k for k in environ if k.startswith("LAZYXLA_") and k not in known):
+        # compared without the common prefix, which would make every name look close to every other
+        close = difflib.get_close_matches(name.removeprefix("LAZYXLA_").lower(), list(_BY_NAME), n=1, cutoff=0.6)
+        hint = f"did you mean {_BY_NAME[close[0]].env}?" if close else "lazyxla.config.describe() lists the variables"
+        messages.append(f"{name} is not a lazyxla variable and is ignored; {hint}")
+    return messages
 
 
 class _Config:
@@ -329,6 +376,7 @@ class _Config:
             raise AttributeError(f"lazyxla.config has no flag {name!r}; flags: {sorted(_BY_NAME)}")
         if not isinstance(value, flag.type):
             raise TypeError(f"lazyxla.config.{name} takes a {flag.type.__name__}, got {value!r}")
+        _check_choice(flag, value, f"lazyxla.config.{name} = {value!r}")
         self._values[name] = value
         watcher = self._watchers.get(name)
         if watcher is not None:
@@ -377,3 +425,5 @@ class _Config:
 
 
 config = _Config()
+for _message in unknown_variables(os.environ):
+    warnings.warn(_message, stacklevel=1)

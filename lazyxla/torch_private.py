@@ -298,6 +298,15 @@ def skip_in_dynamo(trace_rules, package: str) -> None:
     trace_rules.add(package)
 
 
+def wrap_default_compile_backend(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace the call of ``torch.compile``'s default backend (``torch._TorchCompileInductorWrapper``, which
+    ``torch.compile`` builds for ``backend="inductor"``, the default) by ``wrap(call)``; done once."""
+    cls = torch._TorchCompileInductorWrapper
+    if not getattr(cls.__call__, "_lazyxla", False):
+        cls.__call__ = wrap(cls.__call__)
+        cls.__call__._lazyxla = True
+
+
 def aot_autograd(**kwargs) -> Callable:
     """Dynamo's AOTAutograd backend factory (``torch._dynamo.backends.common.aot_autograd``)."""
     from torch._dynamo.backends.common import aot_autograd as make  # loads Dynamo (~1 s): only once torch.compile runs

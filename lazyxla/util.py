@@ -113,6 +113,20 @@ def _create_temp(folder: str, target: str) -> tuple[int, str]:
     raise FileExistsError(f"lazyxla: could not create a temporary file for {target} in {folder}")
 
 
+def require_parent_folder(path: str | os.PathLike, caller: str) -> None:
+    """Raise torch.save's error (its type and words) when ``path``'s folder does not exist: a save through
+    :func:`atomic_write` would otherwise fail with a FileNotFoundError naming its temporary file, a file the user
+    never asked for.
+
+    Example::
+
+        require_parent_folder("run/ckpt.pt", "lazyxla.save")   # RuntimeError: Parent directory .../run does not exist.
+    """
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(folder):
+        raise RuntimeError(f"Parent directory {folder} does not exist. ({caller} creates no folders.)")
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], replace: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
     ``data`` is bytes, or a function that writes to the file object it is given (``torch.save`` into it): when it

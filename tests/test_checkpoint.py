@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import lazyxla
@@ -55,6 +56,17 @@ def slow_fsync(fd):
 os.fsync = slow_fsync
 lazyxla.save({"w": torch.full((1000, 1000), 7.0).to(lazyxla.device()), "epoch": 2}, path)
 """
+
+
+def test_a_save_into_a_missing_folder_raises_as_torch_save(dev, tmp_path):
+    path = tmp_path / "missing" / "ckpt.pt"
+    with pytest.raises(RuntimeError) as reference:
+        torch.save({"w": torch.ones(2)}, path)
+    with pytest.raises(RuntimeError) as ours:
+        lazyxla.save({"w": torch.ones(2, device=dev)}, path)
+    assert str(ours.value).startswith(str(reference.value)), (str(ours.value), str(reference.value))
+    assert str(tmp_path / "missing") in str(ours.value)
+    assert not (tmp_path / "missing").exists()
 
 
 def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_intact(dev, tmp_path):

@@ -601,6 +601,17 @@ def test_save_and_do_on_ordinals_compute_on_the_replicas_that_do_not_write(xla, 
     assert seen[0].device.type == "cpu" and torch.equal(seen[0], torch.full((2,), 5.0))
 
 
+def test_save_into_a_missing_folder_raises_as_torch_save(xla, dev, tmp_path):
+    import torch_xla.core.xla_model as xm
+
+    path = tmp_path / "missing" / "ckpt.pt"
+    with pytest.raises(RuntimeError) as reference:
+        torch.save({"w": torch.ones(2)}, path)
+    with pytest.raises(RuntimeError) as ours:
+        xm.save({"w": torch.ones(2, device=dev)}, path)
+    assert str(ours.value).startswith(str(reference.value)), (str(ours.value), str(reference.value))
+
+
 def test_mp_device_loader_names_the_dataset_accelerate_checkpoints_read(xla, dev):
     import torch_xla.distributed.parallel_loader as pl
 

@@ -20,6 +20,7 @@ import inspect
 import math
 import re
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,11 +93,13 @@ def _held_out_loss(model) -> float:
         return _loss(model, *gpt.token_dataset(8, seed=1)[:]).item()
 
 
-def _run(script: str, tmp_path, *extra: str) -> str:
-    args = ["-m", "lazyxla.run", str(EXAMPLES / script), "--ckpt-dir", str(tmp_path), *SCRIPT_ARGS, *extra]
+def _run(script: str, tmp_path, *extra: str) -> tuple[str, Path]:
+    """The script's stdout, and its checkpoint folder: one that does not exist yet (the script creates it)."""
+    ckpt_dir = tmp_path / "ckpt" / script.removesuffix(".py")
+    args = ["-m", "lazyxla.run", str(EXAMPLES / script), "--ckpt-dir", str(ckpt_dir), *SCRIPT_ARGS, *extra]
     proc = run_python(args, tmp_path, timeout=600, CPU_NUM_DEVICES=str(WORLD))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
+    return proc.stdout, ckpt_dir
 
 
 def _steps(stdout: str, prefix: str) -> dict:
@@ -147,7 +150,7 @@ FSDP_CONFIGS = ("transformer", "size", "nested")
 
 def test_fsdp_script_shards_parameters_and_trains_like_one_process(tmp_path):
     # (the script's "replicated" baseline, plain data parallelism, is left out: its device bytes are in the docs)
-    stdout = _run("fsdp_gpt.py", tmp_path, "--configs", ",".join(FSDP_CONFIGS))
+    stdout, ckpt_dir = _run("fsdp_gpt.py", tmp_path, "--configs", ",".join(FSDP_CONFIGS))
     eager = {MAX_NORM: _eager(MAX_NORM), math.inf: _eager(math.inf)}
     memory = {(m["config"], m["rank"]): m for m in _fields(stdout, "memory")}
     full = sum(p.numel() for p in gpt.TinyGPT().parameters())
@@ -163,7 +166,7 @@ def test_fsdp_script_shards_parameters_and_trains_like_one_process(tmp_path):
             # every buffer alive on the device: the shards, their gradients and AdamW's two moments (4 x 1/2 of
             # the model) and next to nothing else: no full parameter survives a step
             assert m["device_bytes"] <= 1.03 * 4 * 4 * m["params"], m
-        state = torch.load(tmp_path / f"{config}_consolidated.pth")["model"]
+        state = torch.load(ckpt_dir / f"{config}_consolidated.pth")["model"]
         diff = _param_diff(state, model)
         assert diff < PARAM_ATOL, (config, diff)
         pattern = rf"consolidated config={config} rank=\d+ loss={FLOAT} fsdp_loss={FLOAT}"
@@ -173,7 +176,7 @@ def test_fsdp_script_shards_parameters_and_trains_like_one_process(tmp_path):
         for consolidated, sharded in losses:
             assert consolidated == pytest.approx(sharded, rel=1e-6) == pytest.approx(held_out, rel=RTOL)
         for rank in range(WORLD):
-            shard = torch.load(tmp_path / f"{config}_rank-{rank:08d}-of-{WORLD:08d}.pth")
+            shard = torch.load(ckpt_dir / f"{config}_rank-{rank:08d}-of-{WORLD:08d}.pth")
             assert (shard["shard_metadata"]["rank"], shard["shard_metadata"]["world_size"]) == (rank, WORLD)
         m = memory[(config, 0)]
         report.append(
@@ -185,7 +188,7 @@ def test_fsdp_script_shards_parameters_and_trains_like_one_process(tmp_path):
 
 
 def test_zero1_script_shards_optimizer_state_and_trains_like_one_process(tmp_path):
-    stdout = _run("zero1_gpt.py", tmp_path)
+    stdout, ckpt_dir = _run("zero1_gpt.py", tmp_path)
     model, want = _eager(MAX_NORM)
     # the step after the reload compiles again (the loaded state is new device data); the next one does not
     worst = _check_steps(_steps(stdout, "loss "), want, steady_from=STEPS - 2)
@@ -195,7 +198,7 @@ def test_zero1_script_shards_optimizer_state_and_trains_like_one_process(tmp_pat
         assert m["optimizer_state"] * WORLD == m["full_optimizer_state"]
         # params and their gradients (replicated), master weights and AdamW's state (1/2): 3.5 params
         assert m["device_bytes"] <= 1.02 * 4 * (2 + 3 / WORLD) * m["params"], m
-    diff = _param_diff(torch.load(tmp_path / "zero1_final.pth"), model)
+    diff = _param_diff(torch.load(ckpt_dir / "zero1_final.pth"), model)
     assert diff < PARAM_ATOL, diff
     for rank in range(WORLD):  # reduce_scatter / all_gather into output= tensors
         x = [torch.arange(4.0 * WORLD).reshape(2 * WORLD, 2) + 100 * r for r in range(WORLD)]

@@ -61,6 +61,18 @@ def test_backend_is_registered_at_import_and_as_entry_point():
     assert 'lazyxla = "lazyxla.dynamo:lazyxla_backend"' in section
 
 
+def test_default_backend_on_device_tensors_names_the_lazyxla_backend(dev):
+    # Inductor has no code generator for the device: without the check it fails deep in its codegen
+    # (InductorError: KeyError: 'lazyxla'), with nothing saying what to do
+    compiled = torch.compile(nn.Linear(4, 4).to(dev))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match='backend="lazyxla"'):
+        compiled(torch.randn(2, 4, device=dev))
+    # CPU graphs go to Inductor untouched (the check looks at the inputs' device only)
+    seen = []
+    checked = dynamo._refuse_lazyxla_inputs(lambda self, gm, inputs, **kw: seen.append(inputs) or "compiled")
+    assert checked(None, None, [torch.ones(2), 3]) == "compiled" and len(seen) == 1
+
+
 def test_inference_equals_eager_and_records_one_op_per_call(dev):
     torch.manual_seed(0)
     model = MLP()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -246,6 +247,22 @@ def test_a_folder_others_can_write_turns_the_cache_off(disk_cache, dev, mode):
     warned = _refused(dev, disk_cache)
     assert len(warned) == 1, warned
     assert "writable by" in warned[0] and "chmod go-w" in warned[0] and "is off" in warned[0]
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o1770])
+def test_a_shared_folder_is_never_advised_a_chmod(disk_cache, dev, mode):
+    # a sticky folder others write to by design (as /tmp): the advice is a private subfolder, which then works
+    disk_cache.mkdir(mode=0o700)
+    os.chmod(disk_cache, mode)
+    warned = _refused(dev, disk_cache)
+    assert len(warned) == 1 and "writable by" in warned[0], warned
+    assert "chmod" not in warned[0] and "private subfolder" in warned[0], warned
+    private = re.search(r"LAZYXLA_CACHE_DIR=(\S+) \(created 0700\)", warned[0]).group(1)
+    assert os.path.dirname(private) == str(disk_cache)
+    with lazyxla.config.override(cache_dir=private):
+        cache.clear()
+        assert _step(dev, 5) == 35.0
+        assert len(_entries(Path(private))) == 1
 
 
 def test_a_folder_of_another_user_turns_the_cache_off(disk_cache, dev, monkeypatch):

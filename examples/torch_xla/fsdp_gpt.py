@@ -182,4 +182,5 @@ def _mp_fn(index, flags):
 
 if __name__ == "__main__":
     FLAGS = parse_args()
+    os.makedirs(FLAGS.ckpt_dir, exist_ok=True)  # before the replicas start: each writes its shards there
     xmp.spawn(_mp_fn, args=(FLAGS,))

@@ -131,4 +131,6 @@ def _mp_fn(index, flags):
 
 
 if __name__ == "__main__":
-    xmp.spawn(_mp_fn, args=(parse_args(),))
+    FLAGS = parse_args()
+    os.makedirs(FLAGS.ckpt_dir, exist_ok=True)  # before the replicas start: each writes its optimizer state there
+    xmp.spawn(_mp_fn, args=(FLAGS,))

@@ -64,6 +64,8 @@ alive are made error leaves, which syncs skip.
 PyTorch integration (private APIs, from ``lazyxla.torch_private``): lazyxla tensors are fakified as
 XLA's are (``_install_fakification``), and lazyxla's and jax's files are in Dynamo's skip list, since the
 code run eagerly at a graph break calls lazyxla's Python recorder and Dynamo must not trace it.
+``torch.compile``'s default backend (Inductor, which has no code generator for this device) is wrapped so that a
+graph with lazyxla inputs raises an error naming ``backend="lazyxla"`` before Inductor starts.
 ``register()`` puts the backend in Dynamo's registry and the skip list, at once if ``torch._dynamo`` is
 loaded, else when it is (importing it costs ~1 s that lazy-mode programs do not pay). Installed packages
 also name the backend in the ``torch_dynamo_backends`` entry-point group (pyproject.toml).
@@ -497,6 +499,26 @@ def _backend(gm: torch.fx.GraphModule, example_inputs: list, compile_at_call: bo
 _SKIPPED_PACKAGES = ("lazyxla", "jax", "jaxlib", "ml_dtypes", "opt_einsum", "flatbuffers")
 
 
+def _refuse_lazyxla_inputs(call: Callable) -> Callable:
+    """``torch.compile``'s default backend (Inductor) with a check first: a graph whose inputs are lazyxla
+    tensors raises an error naming ``backend="lazyxla"``. Inductor generates CPU/GPU kernels and has no code
+    generator for this device: it would fail deep inside its code generation (``KeyError: 'lazyxla'``), after
+    seconds of lowering, with nothing saying what to do."""
+
+    @functools.wraps(call)
+    def checked(self, model_, inputs_, *args, **kwargs):
+        if any(isinstance(t, torch.Tensor) and on_device(t) for t in inputs_):
+            name = devices.torch_name()
+            raise RuntimeError(
+                f"torch.compile's default backend (inductor) cannot compile for {name} tensors: it has no code "
+                f'generator for this device. Use torch.compile(model, backend="{BACKEND}"), which runs the '
+                f"compiled graph as part of lazyxla's program (or call the model without torch.compile)."
+            )
+        return call(self, model_, inputs_, *args, **kwargs)
+
+    return checked
+
+
 def _register_in(registry) -> None:
     torch_private.register_dynamo_backend(registry, BACKEND, lazyxla_backend)
 
@@ -581,6 +603,7 @@ def register() -> None:
         assert "lazyxla" in torch._dynamo.list_backends()
     """
     _install_fakification()
+    torch_private.wrap_default_compile_backend(_refuse_lazyxla_inputs)
     pending = set()
     for name, hook in _ON_IMPORT.items():
         module = sys.modules.get(name)

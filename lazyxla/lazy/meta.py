@@ -19,12 +19,14 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, slot
-from lazyxla.lazy import check, rng
+from lazyxla.lazy import check, growth, rng
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.observe.metrics import _counters
+
+_next_growth_check = growth.next_check
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
@@ -513,7 +515,9 @@ def _finish(func, inputs, template, avals, spec, device, base, random):
     n = node(func, inputs, template, avals, device, base)
     if _flags["explain_recompiles"]:
         diagnostics.note_recorded(n)
-    _counters["ops_recorded"] += 1
+    recorded = _counters["ops_recorded"] = _counters["ops_recorded"] + 1
+    if recorded >= _next_growth_check[0]:  # rarely true: a look at the pending graph's size (lazy/growth.py)
+        growth.check(recorded)
     if type(spec) is int:
         return LazyTensor((n, spec), avals[spec])
     return _build(spec, n)

@@ -547,10 +547,21 @@ def _check_folder(folder: str) -> None:
         raise _Unsafe(
             f"{folder} is writable by {who} "
             f"(mode {stat.S_IMODE(st.st_mode):04o}), who could plant entries (machine code this process would "
-            f"run); make it private with `chmod go-w {folder}` (and delete its entries if you do not trust them)"
+            f"run); {_privacy_advice(folder, st.st_mode)}"
         )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise PermissionError(f"{folder} is not writable")
+
+
+def _privacy_advice(folder: str, mode: int) -> str:
+    """What to do about a cache folder others can write: a shared folder (sticky, as /tmp, /var/tmp, /dev/shm)
+    is meant to be writable by all, and taking that away breaks every other user of the machine, so the
+    advice there is a private subfolder (created 0700, and the sticky bit keeps others from swapping it);
+    only a folder of the user's own is made private with chmod."""
+    if mode & stat.S_ISVTX:
+        private = os.path.join(folder, f"lazyxla-cache-{_uid()}")
+        return f"it is a shared folder: use a private subfolder instead, LAZYXLA_CACHE_DIR={private} (created 0700)"
+    return f"make it private with `chmod go-w {folder}` (and delete its entries if you do not trust them)"
 
 
 def _key(folder: str) -> bytes:

@@ -46,6 +46,23 @@ def user_frame(skip: int = 1) -> str:
     return "<unknown>" if thread is threading.main_thread() else f"<thread {thread.name}>"
 
 
+def user_stacklevel() -> int | None:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller point at the frame :func:`user_frame`
+    names, so that the warning shows the user's line; None on a thread with no such frame (autograd's).
+
+    Example::
+
+        warnings.warn("lazyxla: ...", stacklevel=user_stacklevel() or 1)
+    """
+    f, level = sys._getframe(1), 1
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIP) and not name.startswith("<frozen"):
+            return level
+        f, level = f.f_back, level + 1
+    return None
+
+
 # --- sync attribution -------------------------------------------------------------------------------
 
 _syncs: collections.Counter = collections.Counter()

@@ -179,6 +179,19 @@ def samples(name: str) -> list[float]:
     return list(_timers.get(name) or _sizes.get(name) or ())
 
 
+_on_reset: list = []  # called after reset_counters: lazy/growth.py counts ops from ops_recorded
+
+
+def on_reset_counters(fn) -> None:
+    """Call ``fn()`` after every :func:`reset_counters` (for code that keeps a position in a counter).
+
+    Example::
+
+        on_reset_counters(lambda: next_check.__setitem__(0, limit))
+    """
+    _on_reset.append(fn)
+
+
 def reset_counters() -> None:
     """Zero every counter (timers, sizes and diagnostics stay).
 
@@ -187,6 +200,8 @@ def reset_counters() -> None:
         lazyxla.metrics.reset_counters()
     """
     _counters.clear()
+    for fn in _on_reset:
+        fn()
 
 
 def reset_samples() -> None:

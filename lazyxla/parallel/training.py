@@ -19,7 +19,7 @@ from lazyxla.device import processes
 from lazyxla.device.devices import on_device
 from lazyxla.lazy.graph import sync
 from lazyxla.parallel.collectives import ReduceOp, all_reduce
-from lazyxla.util import atomic_write, map_tensors
+from lazyxla.util import atomic_write, map_tensors, require_parent_folder
 
 BUCKET_BYTES = 32 * 1024 * 1024  # gradients all-reduced together, per coalesced op
 
@@ -96,6 +96,7 @@ def save(obj: Any, path: str | os.PathLike, master_only: bool = True) -> None:
 
         lazyxla.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "ckpt.pt")
     """
+    require_parent_folder(path, "lazyxla.save")  # before the sync and the copy to the host
     sync()
     cpu = _to_cpu(obj)
     if not master_only or processes.is_master():

@@ -35,7 +35,7 @@ from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph, rng
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.observe import metrics
-from lazyxla.util import atomic_write, map_tensors
+from lazyxla.util import atomic_write, map_tensors, require_parent_folder
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -632,6 +632,8 @@ def save(data, file_or_path, master_only: bool = True, global_master: bool = Fal
         xm.save(model.state_dict(), "model.pt")
     """
     writes = not master_only or is_master_ordinal(local=not global_master)
+    if writes and isinstance(file_or_path, (str, os.PathLike)):
+        require_parent_folder(file_or_path, "xm.save")  # torch.save's error, as torch_xla's xm.save raises it
     cpu = _maybe_convert_to_cpu(data, convert=writes)
     if not writes:
         return

@@ -1,0 +1,93 @@
+"""A warning, once, when the pending graph keeps growing: a loop that never syncs.
+
+Lazy mode computes nothing until a sync (``lazyxla.sync()``, torch_xla's ``xm.mark_step()``, a
+``DeviceLoader``'s next batch) or a host read. A training loop with none of them records every step into
+one graph: each step's program would hold all earlier steps, so it compiles ever more slowly, and the
+tensors of every step stay alive. Nothing fails, the process only slows down and grows; this warning
+says why, once the pending graph reaches ``config.warn_graph_nodes`` nodes.
+
+Cost: the recorder (``meta._finish``, which counts every op in ``ops_recorded``) compares that count with
+``next_check[0]``; nothing else happens per op. At that count :func:`check` walks the pending graph once
+and sets the next count: where the graph, growing by at most one node per op, could first reach the
+threshold. In a loop that syncs every step the walk meets one step's graph at most, once per
+``warn_graph_nodes`` ops.
+
+Example::
+
+    for x, y in batches:                 # no sync: warns once the pending graph reaches 100,000 nodes
+        loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from lazyxla.config import config
+from lazyxla.ir import Leaf
+from lazyxla.lazy.tensor import live_tensors
+from lazyxla.observe import diagnostics, metrics
+from lazyxla.observe.metrics import _counters
+
+# The ops_recorded count at which the recorder calls check(): math.inf once warned, or with the warning off.
+next_check: list[float] = [math.inf]
+
+
+def pending_nodes() -> int:
+    """The nodes of the pending graph: every op node a live tensor's value still needs computed.
+
+    Example::
+
+        pending_nodes()       # 0 right after lazyxla.sync()
+    """
+    stack = [t._value[0] for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    seen = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(m for m, _ in n.inputs if m.op.__class__ is not Leaf and id(m) not in seen)
+    return len(seen)
+
+
+# The pending graph's size once it has reached the limit, while the warning waits for an op recorded from a user's
+# line: autograd records the backward pass on a thread of its own, where no frame is the user's.
+_reached = [0]
+
+
+def check(recorded: int) -> None:
+    """Called by the recorder when ``recorded`` (``ops_recorded``) reaches ``next_check[0]``: warn if the
+    pending graph has reached ``config.warn_graph_nodes`` nodes, else set the next count to look again."""
+    limit = config.warn_graph_nodes
+    size = _reached[0] or pending_nodes()
+    if size < limit:
+        # the graph grows by one node per op at most, so it cannot reach the limit before limit - size more ops;
+        # a floor of limit / 8 keeps a graph that stays just below the limit from being walked every few ops
+        next_check[0] = recorded + max(limit - size, limit // 8, 1)
+        return
+    level = diagnostics.user_stacklevel()
+    if level is None:  # warn at the next op a user's line records (the optimizer step after a backward)
+        _reached[0], next_check[0] = size, recorded + 1
+        return
+    _reached[0], next_check[0] = 0, math.inf
+    warnings.warn(
+        f"lazyxla: the pending graph has reached {size} nodes (ops recorded and not yet computed): nothing has "
+        "synced them, so the graph grows with every step and each step's program would hold all earlier "
+        "steps (ever slower compiles, ever more memory). Sync once per step: call lazyxla.sync() "
+        "(torch_xla: xm.mark_step()) after optimizer.step(), or iterate a lazyxla.DeviceLoader (torch_xla: "
+        "pl.MpDeviceLoader), which syncs at every batch. lazyxla.config.warn_graph_nodes "
+        "(LAZYXLA_WARN_GRAPH_NODES) sets this threshold (0: never warn).",
+        UserWarning,
+        stacklevel=level,  # the warning shows the user's line
+    )
+
+
+def _reset(limit: int) -> None:
+    # config.watch: a new threshold counts from now (0 turns the check off)
+    _reached[0] = 0
+    next_check[0] = _counters["ops_recorded"] + limit if limit > 0 else math.inf
+
+
+config.watch("warn_graph_nodes", _reset)
+metrics.on_reset_counters(lambda: _reset(config.warn_graph_nodes))  # ops_recorded restarts from 0
