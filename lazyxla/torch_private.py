@@ -395,6 +395,16 @@ def set_storage_new(new: Callable) -> None:
     torch.UntypedStorage.__new__ = staticmethod(new)
 
 
+def storage_identity(storage: torch.UntypedStorage) -> int:
+    """The address of ``storage``'s C++ object: unique while it lives, the same for every view's storage."""
+    return storage._cdata
+
+
+def wrap_storage_data_ptr(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``UntypedStorage.data_ptr`` with ``wrap(PyTorch's)``."""
+    torch.UntypedStorage.data_ptr = wrap(torch.UntypedStorage.data_ptr)
+
+
 def accept_wrapped_storage(cls: type) -> None:
     """Let ``TypedStorage.to`` / ``.cpu`` / ``.clone`` wrap a storage of class ``cls`` (a subclass of UntypedStorage):
     PyTorch's ``_new_wrapped_storage`` accepts exactly ``UntypedStorage`` and nothing derived from it."""

@@ -281,6 +281,12 @@ def storages():
     s = t.untyped_storage()
     assert s.device == dev and s.nbytes() == 24
     assert t._typed_storage().size() == 6
+    # an address that identifies the storage (as a CUDA storage's device address does): views share it
+    assert (
+        s.data_ptr() != 0
+        and s.data_ptr() == t[2:].untyped_storage().data_ptr() == t.detach().untyped_storage().data_ptr()
+    )
+    assert s.data_ptr() != t.clone().untyped_storage().data_ptr()
     made = torch.UntypedStorage(8, device=dev)
     assert made.device == dev and made.nbytes() == 8
     moved = torch.ones(3).untyped_storage().to(device=dev)
@@ -295,7 +301,6 @@ def storages():
         lambda: s.tolist(),
         lambda: s.cpu(),
         lambda: s.clone(),
-        lambda: s.data_ptr(),
         lambda: s.fill_(0),
         lambda: pickle.dumps(s),
         lambda: torch.empty(0, device=dev).set_(s),
@@ -332,6 +337,23 @@ def no_crash_on_pointers():
     r.resize_(2)
     same(r, torch.ones(2))
     same(torch.zeros(2).to(dev).set_(t), torch.arange(6.0))
+
+
+@case
+def hugging_face_save_pretrained():
+    import safetensors.torch
+    import transformers
+
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).to(dev)
+    model.save_pretrained(path("gpt2"))  # groups tied weights by storage address, writes safetensors
+    back = transformers.GPT2LMHeadModel.from_pretrained(path("gpt2")).to(dev)
+    assert back.lm_head.weight is back.transformer.wte.weight
+    for p, q in zip(model.state_dict().values(), back.state_dict().values()):
+        same(p, q)
+    safetensors.torch.save_file({"a": torch.arange(3.0).to(dev)}, path("x.safetensors"))
+    same(safetensors.torch.load_file(path("x.safetensors"))["a"], torch.arange(3.0))
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ GROUPS = {
         "failed_save_keeps_previous_checkpoint",
     ],
     "copies": ["ties_survive_save_and_deepcopy", "deepcopy_tensors_modules_optimizers", "ema_averaged_model"],
-    "resume": ["resume_optimizer_from_checkpoint"],
+    "resume": ["resume_optimizer_from_checkpoint", "hugging_face_save_pretrained"],
     "storages": ["storages", "no_crash_on_pointers"],
 }
 

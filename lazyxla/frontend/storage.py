@@ -255,6 +255,25 @@ def _loading(load):
     return lazyxla_load
 
 
+def _identifying(data_ptr):
+    """``UntypedStorage.data_ptr`` that answers for a lazyxla tensor's storage (functionalization's, which has no
+    host bytes) with an address that identifies it, as a CUDA storage's answer is a device address the host cannot
+    read either: libraries group tied tensors by it (transformers' ``id_tensor_storage``, safetensors), and PyTorch's
+    own answer was an error. Views of one storage give the same address; other storages give others."""
+
+    @functools.wraps(data_ptr)
+    def identified(self):
+        try:
+            return data_ptr(self)
+        except RuntimeError:
+            if not on_device(self.device):
+                raise
+            return torch_private.storage_identity(self)
+
+    identified._lazyxla = True
+    return identified
+
+
 def _refusing_dlpack(export):
     """``to_dlpack`` / ``Tensor.__dlpack__`` that refuse a lazyxla tensor with a clear error. DLPack hands the
     consumer a pointer to the tensor's memory; a lazyxla tensor's values are a jax buffer that only a sync makes
@@ -285,6 +304,7 @@ def install() -> None:
         torch_private.set_tensor_methods(_reduce_ex_internal, _deepcopy)
         torch_private.set_storage_new(_storage_new)
         torch_private.accept_wrapped_storage(DeviceStorage)
+        torch_private.wrap_storage_data_ptr(_identifying)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
