@@ -171,6 +171,13 @@ def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:
     torch._functionalize_sync(t)
 
 
+# ---- issue 26 (parameter identity, inference mode, optimizer state) ------------------------------------
+
+# the C++ guard behind torch.inference_mode (torch.inference_mode(False) adds a Python class per use): lazy/tensor.py
+# makes a view's LazyTensor under inference mode as a normal tensor inside InferenceMode(False)
+InferenceMode = _C._InferenceMode
+
+
 # ---- ops -------------------------------------------------------------------------------------------------
 
 OpOverload = torch._ops.OpOverload  # the type of torch.ops.aten.<op>.<overload>: rules are keyed by them
