@@ -178,6 +178,16 @@ def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:
 InferenceMode = _C._InferenceMode
 
 
+# Optimizer.load_state_dict's placement of each loaded state value (a staticmethod of Optimizer): lazyxla wraps it
+# to keep non-fused optimizers' step counters on the host (frontend/optimizers.py)
+def optimizer_value_policy() -> Callable:
+    return torch.optim.Optimizer._process_value_according_to_param_policy
+
+
+def set_optimizer_value_policy(fn: Callable) -> None:
+    torch.optim.Optimizer._process_value_according_to_param_policy = staticmethod(fn)
+
+
 # ---- ops -------------------------------------------------------------------------------------------------
 
 OpOverload = torch._ops.OpOverload  # the type of torch.ops.aten.<op>.<overload>: rules are keyed by them

@@ -12,7 +12,7 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
-from lazyxla.frontend import autocast, modules, registration
+from lazyxla.frontend import autocast, modules, optimizers, registration
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
@@ -323,6 +323,7 @@ def install(name: str = "lazyxla") -> None:
             _functionalize_library.impl("_to_copy", _to_copy, "Functionalize", with_keyset=True)
     autocast.install()
     modules.install()
+    optimizers.install()
 
 
 __all__ = ["LazyTensor", "install", "to_cpu"]
