@@ -98,7 +98,8 @@ def _in_place_on_normal_tensors():
         a.add_(1)  # v is regenerated from its base at its next use
         return v[1:] + (v * 2)[1:]
 
-    for name, fn in {"add_ then view": add_then_view, "view mul_": view_in_place, "regenerated": regenerated_view}.items():
+    cases = {"add_ then view": add_then_view, "view mul_": view_in_place, "regenerated": regenerated_view}
+    for name, fn in cases.items():
         _assert_like_cpu(name, _made_outside, fn)
     # after inference mode, the tensors that were changed inside it still train as normal tensors
     w = torch.ones(4, requires_grad=True, device=lazyxla.device())

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
 
