@@ -171,6 +171,23 @@ def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:
     torch._functionalize_sync(t)
 
 
+# ---- issue 26 (parameter identity, inference mode, optimizer state) ------------------------------------
+
+# the C++ guard behind torch.inference_mode (torch.inference_mode(False) adds a Python class per use): lazy/tensor.py
+# makes a view's LazyTensor under inference mode as a normal tensor inside InferenceMode(False)
+InferenceMode = _C._InferenceMode
+
+
+# Optimizer.load_state_dict's placement of each loaded state value (a staticmethod of Optimizer): lazyxla wraps it
+# to keep non-fused optimizers' step counters on the host (frontend/optimizers.py)
+def optimizer_value_policy() -> Callable:
+    return torch.optim.Optimizer._process_value_according_to_param_policy
+
+
+def set_optimizer_value_policy(fn: Callable) -> None:
+    torch.optim.Optimizer._process_value_according_to_param_policy = staticmethod(fn)
+
+
 # ---- ops -------------------------------------------------------------------------------------------------
 
 OpOverload = torch._ops.OpOverload  # the type of torch.ops.aten.<op>.<overload>: rules are keyed by them

@@ -184,3 +184,18 @@ def run_torch_xla_script(script: str, cwd: Path, timeout: int, **extra: str):
     proc = run_python(["-m", "lazyxla.run", "script.py"], cwd, timeout=timeout, **extra)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
+def run_case(test_file: str, case: str, *args, timeout: int = 240) -> None:
+    """Run the function ``case`` of the test module at ``test_file`` (under tests/), with ``args`` (literals),
+    in a fresh Python and fail unless it exits cleanly: an exception, and a crash (a signal: the return code is
+    negative), both fail the test, with the child's output. The child does the work and asserts; the test
+    process only watches it.
+
+    Example::
+
+        def test_views(): run_case(__file__, "_views")      # _views() runs in its own process
+    """
+    module = f"tests.{Path(test_file).stem}"
+    proc = run_python(["-c", f"import {module} as m; m.{case}(*{args!r})"], cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, f"{case} exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

@@ -12,7 +12,7 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
-from lazyxla.frontend import autocast, modules, registration, storage
+from lazyxla.frontend import autocast, modules, optimizers, registration, storage
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
@@ -324,6 +324,7 @@ def install(name: str = "lazyxla") -> None:
     autocast.install()
     modules.install()
     storage.install()
+    optimizers.install()
 
 
 __all__ = ["LazyTensor", "install", "to_cpu"]

@@ -471,7 +471,17 @@ def refilled():
             lt._value = cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), lt._value[0].device)._value
 
 
+def _compatible_shallow_copy_type(self, from_) -> bool:
+    """``torch._has_compatible_shallow_copy_type`` (``Module._apply`` asks it per parameter: may ``.data`` take the
+    converted tensor?). Outside inference mode autograd's composite kernel answers on the user's tensors; under
+    ``torch.inference_mode`` (``model.to(dev)`` inside it) autograd is skipped and functionalization passes the op
+    down with the inner tensors, so it arrives here. Two LazyTensors have one implementation; a LazyTensor and a
+    CPU tensor do not, as their wrappers do not."""
+    return isinstance(self, LazyTensor) and isinstance(from_, LazyTensor)
+
+
 SPECIAL = {
+    aten._has_compatible_shallow_copy_type.default: _compatible_shallow_copy_type,
     aten.multi_margin_loss.default: _single_sample_loss(aten.multi_margin_loss.default, lambda x, t: t.dim() == 0),
     aten.multilabel_margin_loss_forward.default: _single_sample_loss(
         aten.multilabel_margin_loss_forward.default, lambda x, t: x.dim() <= 1

@@ -20,6 +20,8 @@ _to_functional = torch_private.to_functional
 _from_functional = torch_private.from_functional
 _is_functional = torch_private.is_functional
 _functional_sync = torch_private.functional_sync
+_inference_enabled = torch.is_inference_mode_enabled
+_inference_mode = torch_private.InferenceMode
 
 # Every LazyTensor made since the last scan, as weak references in creation order: sync() finds
 # pending work among the live ones, and donation asks which device buffers a tensor still holds.
@@ -49,9 +51,11 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
-        t = _make_wrapper_subclass(
-            cls, aval.shape, dtype=aval.dtype, device=torch_device(value[0].device), requires_grad=requires_grad
-        )
+        device = torch_device(value[0].device)
+        if making_views[0] and _inference_enabled():
+            t = _normal_tensor(cls, aval, device, requires_grad)
+        else:
+            t = _make_wrapper_subclass(cls, aval.shape, dtype=aval.dtype, device=device, requires_grad=requires_grad)
         t._value = value
         t._aval = aval
         _live.append(weakref.ref(t))
@@ -64,6 +68,8 @@ class LazyTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if watched:
             _watch(args, kwargs)
+        if _inference_enabled() and _is_view_copy(func):
+            return _dispatch_view(func, args, kwargs or {})
         return _dispatch(func, args, kwargs or {})
 
     @property
@@ -72,6 +78,43 @@ class LazyTensor(torch.Tensor):
 
     def __repr__(self) -> str:  # only seen when debugging lazyxla itself
         return f"LazyTensor({self._value[0]!r}[{self._value[1]}])"
+
+
+# Views under ``torch.inference_mode``. PyTorch makes every tensor made under inference mode an inference tensor
+# (no version counter), except a view of a normal tensor, which stays normal and shares its base's version counter.
+# A CPU view copies its base's dispatch keys, so that holds by itself; a lazyxla view is a new functionalization
+# wrapper whose keys (and so whether it is an inference tensor) come from the LazyTensor it wraps, the result of a
+# ``*_copy`` view op (``slice_copy`` for ``t[2:5]``). Made under inference mode, that wrapper was an inference
+# tensor, and autograd's view tracking then failed giving it its base's version counter (``Cannot set
+# version_counter for inference tensor``: ``t[2:5]``, BERT's ``position_ids[:, :seq]``). So a view op's results
+# are made as normal tensors, always: which kind its base is cannot be told here (the op sees the base's inner
+# LazyTensor, and an in-place op under inference mode gives a normal tensor an inference-made inner). The one
+# difference from CPU: a view of an inference tensor is a normal tensor (``torch.is_inference`` False) that in-place
+# ops outside inference mode accept. Every other op's results are inference tensors under inference mode, as on CPU.
+making_views = [False]  # inside a view op's dispatch under inference mode: LazyTensor.__new__ makes normal tensors
+_view_copies: dict = {}  # op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen
+
+
+def _is_view_copy(func) -> bool:
+    known = _view_copies.get(func)
+    if known is None:
+        known = _view_copies[func] = torch.Tag.view_copy in func.tags
+    return known
+
+
+def _dispatch_view(func, args, kwargs):
+    """Run the view op ``func`` under inference mode, its results made as normal tensors."""
+    outer, making_views[0] = making_views[0], True
+    try:
+        return _dispatch(func, args, kwargs)
+    finally:
+        making_views[0] = outer
+
+
+def _normal_tensor(cls, aval: Aval, device: torch.device, requires_grad: bool) -> LazyTensor:
+    """A LazyTensor made as a normal (not inference) tensor while inference mode is on."""
+    with _inference_mode(False):
+        return _make_wrapper_subclass(cls, aval.shape, dtype=aval.dtype, device=device, requires_grad=requires_grad)
 
 
 def _watch(args, kwargs) -> None:

@@ -63,9 +63,25 @@ def user_stacklevel() -> int | None:
     return None
 
 
+def library_frame(skip: int = 1) -> str | None:
+    """The innermost two PyTorch frames (``torch/...py:line in function``) when PyTorch's own code made the call,
+    else None: the user's line alone does not say why a plain ``opt.step()`` read the device; the optimizer's line
+    does (``torch/optim/optimizer.py:95 in _get_value, from torch/optim/adam.py:528 in _single_tensor_adam``)."""
+    f = sys._getframe(skip)
+    while f is not None and f.f_code.co_filename.startswith(_OWN_DIR):
+        f = f.f_back
+    lines = []
+    while f is not None and f.f_code.co_filename.startswith(_TORCH_DIR) and len(lines) < 2:
+        name = os.path.relpath(f.f_code.co_filename, os.path.dirname(_TORCH_DIR))
+        lines.append(f"{name}:{f.f_lineno} in {f.f_code.co_name}")
+        f = f.f_back
+    return ", from ".join(lines) or None
+
+
 # --- sync attribution -------------------------------------------------------------------------------
 
 _syncs: collections.Counter = collections.Counter()
+_via: dict = {}  # (reason, user line) -> the PyTorch line that made the read, for syncs PyTorch's code made
 # Recording order (``config.explain_recompiles``): the count of ops recorded so far, and at the last two syncs
 # (with their triggers), which tell the work a sync left pending from the work recorded since.
 _clock = [0]
@@ -80,21 +96,36 @@ def note_recorded(n, skip: int = 2) -> None:
 
 
 def note_sync(reason: str) -> str:
-    """Count a sync by (reason, user line); returns the line."""
+    """Count a sync by (reason, user line); returns the line, with the PyTorch line that made the read when
+    PyTorch's code made it (``train.py:40 (via torch/optim/adam.py:528 in _single_tensor_adam)``)."""
     where = user_frame(2)
     _syncs[(reason, where)] += 1
+    via = library_frame(2)
+    if via is not None:
+        _via[(reason, where)] = via
+        where = f"{where} (via {via})"
     _marks.append((_clock[0], f"{reason} at {where}"))
     _regions_check(reason, where)
     return where
 
 
 def syncs() -> list[dict[str, Any]]:
-    """Every sync trigger seen since the last reset: reason, user ``file:line``, count (most first)."""
-    return [{"reason": r, "where": w, "count": n} for (r, w), n in _syncs.most_common()]
+    """Every sync trigger seen since the last reset: reason, user ``file:line``, count (most first), and ``via``:
+    the PyTorch line that made the read, when PyTorch's code made it (an optimizer's ``step.item()``).
+
+    Example::
+
+        [{"reason": ".item()", "where": "train.py:40", "count": 12, "via": "torch/optim/adam.py:528 in ..."}]
+    """
+    return [
+        {"reason": r, "where": w, "count": n, **({"via": _via[(r, w)]} if (r, w) in _via else {})}
+        for (r, w), n in _syncs.most_common()
+    ]
 
 
 def reset() -> None:
     _syncs.clear()
+    _via.clear()
     _recompiles.clear()
     _last_graph.clear()
     _marks.clear()
