@@ -417,9 +417,30 @@ def storage_identity(storage: torch.UntypedStorage) -> int:
     return storage._cdata
 
 
-def wrap_storage_data_ptr(wrap: Callable[[Callable], Callable]) -> None:
-    """Replace ``UntypedStorage.data_ptr`` with ``wrap(PyTorch's)``."""
-    torch.UntypedStorage.data_ptr = wrap(torch.UntypedStorage.data_ptr)
+def wrap_storage_method(name: str, wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``UntypedStorage.<name>`` (``data_ptr``, ``__getitem__``, ``copy_``) with ``wrap(PyTorch's)``."""
+    setattr(torch.UntypedStorage, name, wrap(getattr(torch.UntypedStorage, name)))
+
+
+def wrap_tensor_untyped_storage(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``Tensor.untyped_storage`` (``storage()`` and ``_typed_storage()`` call it) with ``wrap(PyTorch's)``."""
+    torch.Tensor.untyped_storage = wrap(torch.Tensor.untyped_storage)
+
+
+# the ops a functionalization wrapper's views went through from its storage's base ([] for the base itself)
+_view_meta_sequence = _C._functionalization.get_view_meta_sequence
+_ALIAS_METAS = frozenset({"detach_ViewMeta", "alias_ViewMeta", "lift_fresh_ViewMeta"})
+
+
+def covers_its_storage(t: torch.Tensor) -> bool:
+    """Whether the functionalization wrapper ``t`` holds its whole storage in order: the storage's base, or an alias
+    of it (``detach()``, a ``Parameter``), not a view of a part or another layout.
+
+    Example::
+
+        assert covers_its_storage(w.detach()) and not covers_its_storage(w.t())
+    """
+    return all(type(m).__name__ in _ALIAS_METAS for m in _view_meta_sequence(t))
 
 
 def accept_wrapped_storage(cls: type) -> None:

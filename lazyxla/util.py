@@ -25,6 +25,20 @@ from typing import Any, BinaryIO
 import torch
 
 
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a row-major tensor of ``shape`` (PyTorch's: a dimension of size 0 or 1 counts as 1).
+
+    Example::
+
+        contiguous_strides((2, 3, 4))     # (12, 4, 1)
+    """
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def map_tensors(obj: Any, fn) -> Any:
     """``fn`` applied to every tensor in nested dicts, lists and tuples (containers keep their type).
 

@@ -296,21 +296,36 @@ def storages():
     assert typed.device == dev
     assert moved.cpu().device.type == "cpu"
     same(torch.empty(0, device=dev).set_(torch.arange(3).untyped_storage()).view(torch.int64), torch.arange(3))
-    for bad in (
-        lambda: s[0],
-        lambda: s.tolist(),
-        lambda: s.cpu(),
-        lambda: s.clone(),
+    # reads go through the tensor holding the storage's values (a host read), as on CUDA through device memory
+    v = torch.arange(15.0).view(3, 5)
+    d = v.to(dev)
+    assert d.storage()[14] == 14.0 and d.storage().tolist() == v.storage().tolist()
+    assert d.untyped_storage().tolist() == v.untyped_storage().tolist()
+    assert d[1:].untyped_storage().cpu().tolist() == v.untyped_storage().tolist()  # a view's storage is its base's
+    assert bytes(d.untyped_storage().clone().cpu().tolist()) == bytes(v.untyped_storage().tolist())
+    same(
+        torch.empty(0, device=dev).set_(d.storage(), 2, (2, 2), (5, 1)),
+        torch.empty(0).set_(v.storage(), 2, (2, 2), (5, 1)),
+    )
+    same(torch.zeros(2, device=dev).set_(d.storage(), 0, (), ()), torch.tensor(0.0))
+    same(torch.tensor([], device=dev).set_(d.storage()), torch.arange(15.0))
+    back = pickle.loads(pickle.dumps(d.storage()))
+    assert back.device == dev and back.tolist() == v.storage().tolist()
+    for bad in (  # writes through a storage cannot reach the device: a clear error
+        lambda: s.__setitem__(0, 1),
         lambda: s.fill_(0),
-        lambda: pickle.dumps(s),
-        lambda: torch.empty(0, device=dev).set_(s),
+        lambda: s.copy_(torch.ones(6).untyped_storage()),
+        lambda: s.resize_(100),
+        lambda: torch.empty(0, device=dev).set_(torch.arange(6.0).to(dev)[2:].untyped_storage()),  # nobody asked
+        lambda: torch.empty(0, device=dev, dtype=torch.int32).set_(d.untyped_storage()),
+        lambda: torch.empty(0, device=dev).set_(d.storage(), 10, (3, 3), (3, 1)),
     ):
         try:
             bad()
         except RuntimeError:
             pass
         else:
-            raise AssertionError("a lazyxla tensor's storage has no host bytes: this should raise")
+            raise AssertionError("should raise")
 
 
 @case

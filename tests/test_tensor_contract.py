@@ -36,11 +36,11 @@ def _env() -> dict:
     return env
 
 
-def run_cases(tmp_path, names: list[str]) -> str:
+def run_cases(tmp_path, names: list[str], **env) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.contract_cases", str(tmp_path), *names],
         cwd=ROOT,
-        env=_env(),
+        env=dict(_env(), **env),
         capture_output=True,
         text=True,
         timeout=600,
@@ -65,6 +65,11 @@ def test_every_case_is_in_a_group():
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_contract(group, tmp_path):
     run_cases(tmp_path, GROUPS[group])
+
+
+def test_contract_under_torch_xla_s_device_name(tmp_path):
+    """torch_xla's scripts name the device ``xla`` (PyTorch's own code has XLA branches for that name)."""
+    run_cases(tmp_path, ["save_load_every_dtype", "deepcopy_tensors_modules_optimizers"], LAZYXLA_DEVICE_NAME="xla")
 
 
 def test_a_lazyxla_checkpoint_loads_without_lazyxla(tmp_path):

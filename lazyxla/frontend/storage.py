@@ -44,9 +44,9 @@ import torch.utils.dlpack
 
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
-from lazyxla.lazy.special import refilled
+from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
 from lazyxla.lazy.tensor import unwrap
-from lazyxla.util import atomic_write
+from lazyxla.util import atomic_write, contiguous_strides
 
 
 class DeviceStorage(torch.UntypedStorage):
@@ -139,14 +139,6 @@ def _host_storage(t: torch.Tensor) -> DeviceStorage:
     return storage
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def _reduce_ex_internal(self: torch.Tensor, proto):
     """``Tensor._reduce_ex_internal`` (what ``torch.save``, pickle and ``copy.copy`` call): PyTorch's for every
     tensor but lazyxla's, which reduce to ``_rebuild_tensor_v2`` over a :class:`DeviceStorage`."""
@@ -154,7 +146,7 @@ def _reduce_ex_internal(self: torch.Tensor, proto):
         return _original_reduce(self, proto)
     torch_private.warn_if_has_hooks(self)
     storage = torch.storage.TypedStorage(wrap_storage=_host_storage(self), dtype=self.dtype, _internal=True)
-    args = (storage, 0, tuple(self.size()), _contiguous_strides(self.shape), self.requires_grad, OrderedDict())
+    args = (storage, 0, tuple(self.size()), contiguous_strides(self.shape), self.requires_grad, OrderedDict())
     metadata = torch_private.tensor_metadata(self)
     if metadata:
         args = args + (metadata,)
@@ -274,6 +266,71 @@ def _identifying(data_ptr):
     return identified
 
 
+def _noting_owner(untyped_storage):
+    """``Tensor.untyped_storage`` that remembers a lazyxla tensor as its storage's holder (``lazy/special.py``), so
+    that the storage can be read and ``set_()`` to."""
+
+    @functools.wraps(untyped_storage)
+    def noted(self):
+        storage = untyped_storage(self)
+        if _is_lazyxla(self):
+            note_storage_owner(self, storage)
+        return storage
+
+    noted._lazyxla = True
+    return noted
+
+
+def _lazyxla_bytes(storage) -> torch.UntypedStorage | None:
+    """A host copy of the bytes of a lazyxla tensor's storage (functionalization's), None for any other storage."""
+    if isinstance(storage, DeviceStorage) or not isinstance(storage, torch.UntypedStorage):
+        return None
+    if not on_device(storage.device):
+        return None
+    host = storage_bytes(storage)
+    if host is None:
+        raise RuntimeError(
+            f"this storage of a {storage.device} tensor cannot be read: lazyxla reads a storage through the tensor "
+            "holding its values, and none of its tensors that holds them all was asked for it (a view's storage is "
+            "read through its base: base.untyped_storage())"
+        )
+    return host.untyped_storage()
+
+
+def _reading(method):
+    """A storage method that reads (``__getitem__``, ``tolist``, ``_write_file``: pickle, the legacy format):
+    PyTorch's, on a host copy for a lazyxla tensor's storage (lazyxla refuses storage writes, below)."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        host = _lazyxla_bytes(self)
+        return method(self if host is None else host, *args, **kwargs)
+
+    read._lazyxla = True
+    return read
+
+
+def _writing(method):
+    """A storage method that writes (``__setitem__``, ``fill_``, ``copy_``, ``resize_``): PyTorch's, with a clear
+    error for a lazyxla tensor's storage; ``copy_`` from one into host memory reads it."""
+
+    @functools.wraps(method)
+    def write(self, *args, **kwargs):
+        if not isinstance(self, DeviceStorage) and isinstance(self, torch.UntypedStorage) and on_device(self.device):
+            raise RuntimeError(
+                f"writing to the storage of a {self.device} tensor: lazyxla's device values are written through "
+                "tensors (t.copy_(...), t.fill_(...), t[i] = v), not through their storage"
+            )
+        if method.__name__ == "copy_" and args:
+            host = _lazyxla_bytes(args[0])
+            if host is not None:
+                args = (host, *args[1:])
+        return method(self, *args, **kwargs)
+
+    write._lazyxla = True
+    return write
+
+
 def _refusing_dlpack(export):
     """``to_dlpack`` / ``Tensor.__dlpack__`` that refuse a lazyxla tensor with a clear error. DLPack hands the
     consumer a pointer to the tensor's memory; a lazyxla tensor's values are a jax buffer that only a sync makes
@@ -304,7 +361,12 @@ def install() -> None:
         torch_private.set_tensor_methods(_reduce_ex_internal, _deepcopy)
         torch_private.set_storage_new(_storage_new)
         torch_private.accept_wrapped_storage(DeviceStorage)
-        torch_private.wrap_storage_data_ptr(_identifying)
+        torch_private.wrap_storage_method("data_ptr", _identifying)
+        for name in ("__getitem__", "tolist", "_write_file"):
+            torch_private.wrap_storage_method(name, _reading)
+        for name in ("__setitem__", "fill_", "copy_", "resize_"):
+            torch_private.wrap_storage_method(name, _writing)
+        torch_private.wrap_tensor_untyped_storage(_noting_owner)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)

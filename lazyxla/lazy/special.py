@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 
 import torch
 
@@ -23,10 +24,11 @@ from lazyxla.device import devices
 from lazyxla.ir import raise_if_error
 from lazyxla.lazy import graph, known, positions
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.tensor import LazyTensor, wrap
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.rules.view import slice_bounds
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.ops import ops
+from lazyxla.util import contiguous_strides
 
 aten = torch.ops.aten
 
@@ -416,12 +418,61 @@ def _single_sample_loss(func, single):
     return handler
 
 
+# The tensors whose storage was asked for (``t.untyped_storage()``, ``t.storage()``), by the storage's identity: a
+# lazyxla tensor's storage is functionalization's and holds no bytes, so reading it (``storage[i]``, ``tolist``,
+# ``.cpu()``) or setting another tensor to it (``t.set_(w.storage(), ...)``) reads the tensor that holds the whole
+# storage in order (the base, or an alias of it; ``torch_private.covers_its_storage``). Weak: an entry lives as long
+# as its tensor, and a lookup checks the tensor still has that storage (an identity is reused after a storage dies).
+_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def note_storage_owner(t: torch.Tensor, storage) -> None:
+    """Remember ``t`` (a user-visible lazyxla tensor whose ``storage`` was asked for) as the holder of the storage's
+    values: ``t`` itself when it covers its storage, else its autograd base when that does (a view's).
+
+    Example::
+
+        note_storage_owner(w[2:], w[2:].untyped_storage())    # w's values are the storage's
+    """
+    owner = t if torch_private.covers_its_storage(t) else t._base
+    if owner is not None and (owner is t or torch_private.covers_its_storage(owner)):
+        _owners[torch_private.storage_identity(storage)] = owner
+
+
+def storage_owner(storage) -> LazyTensor | None:
+    """The LazyTensor holding the values of the lazyxla ``storage`` in order (see ``note_storage_owner``), or None
+    when no tensor of it was asked for its storage or the storage is not a lazyxla tensor's."""
+    key = torch_private.storage_identity(storage)
+    owner = _owners.get(key)
+    if owner is None or torch_private.storage_identity(_storage_of(owner)) != key:
+        return None
+    return unwrap(owner)
+
+
+_storage_of = torch.Tensor.untyped_storage  # PyTorch's own: frontend/storage.py wraps the method to note owners
+
+
+def storage_bytes(storage) -> torch.Tensor | None:
+    """The bytes of the lazyxla ``storage`` as a CPU uint8 tensor (a host read of the tensor holding them), or None
+    when no tensor holds them (``storage_owner``)."""
+    owner = storage_owner(storage)
+    if owner is None:
+        return None
+    host = lazy_to_cpu(owner, reason="storage read").contiguous().reshape(-1)
+    return host.view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
+
+
 def _set_from_storage(x, source, storage_offset=0, size=None, stride=None):
-    """``aten.set.source_Storage(_storage_offset)`` (``t.set_(storage, ...)``, after functionalization): a new device
-    value with the bytes of ``source``, a storage in host memory -- a CPU storage, or the host memory that stands
-    for the device's (``frontend/storage.py``: what ``torch.load`` and ``storage.to(device)`` give). PyTorch's
-    ``_rebuild_tensor`` builds every loaded tensor this way. The storage of another lazyxla tensor has no bytes
-    on the host (its values are the device's): PyTorch's error is replaced by one saying what to do."""
+    """``aten.set.source_Storage(_storage_offset)`` (``t.set_(storage, ...)``, after functionalization).
+
+    The storage of a lazyxla tensor (``t.set_(w.storage(), offset, size, stride)``): ``w``'s values read through
+    ``as_strided`` -- the values the storage holds now, not an alias of it (functionalization keeps no storage two
+    bases share). A storage in host memory -- a CPU storage, or the host memory that stands for the device's
+    (``frontend/storage.py``: what ``torch.load`` and ``storage.to(device)`` give; PyTorch's ``_rebuild_tensor`` builds
+    every loaded tensor this way): a new device value with its bytes."""
+    owner = storage_owner(source) if devices.on_device(source.device) else None
+    if owner is not None:
+        return _view_of_storage(x, owner, storage_offset, size, stride)
     host = torch.empty(0, dtype=x.dtype)
     try:
         host = host.set_(source) if size is None else host.set_(source, storage_offset, size, stride or ())
@@ -429,13 +480,35 @@ def _set_from_storage(x, source, storage_offset=0, size=None, stride=None):
         if "different device" not in str(e):
             raise
         raise RuntimeError(
-            f"set_() with the storage of a {devices.torch_name()} tensor: its values live on the device, not in "
-            "a storage; use t.set_(other_tensor), or copy: t = other.clone()"
+            f"set_() with the storage of a {devices.torch_name()} tensor that lazyxla cannot read: ask its tensor for "
+            "it (t.untyped_storage() of the tensor holding the values), or use t.set_(other_tensor)"
         ) from None
     out = cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), x._value[0].device)
     if _refills.depth and getattr(source, "_torch_load_uninitialized", False):
         _refills.pending.append((out, host))  # PyTorch's legacy format reads the bytes in after this
     return out
+
+
+def _view_of_storage(x, owner: LazyTensor, storage_offset, size, stride):
+    """``x.set_(storage, storage_offset, size, stride)`` over the values of ``owner``, the storage's holder."""
+    if owner.dtype != x.dtype:
+        raise RuntimeError(
+            f"set_(): the storage holds {owner.dtype} values and the tensor is {x.dtype}: on "
+            f"{devices.torch_name()} a storage is read as its tensor's dtype (use .view(dtype) on that tensor)"
+        )
+    n = owner.numel()
+    if size is None:
+        size, stride, storage_offset = [n], [1], 0
+    if not stride:
+        stride = contiguous_strides(size)
+    flat = record(aten.view_copy.default, (owner, [n]), {}) if owner.dim() != 1 else owner
+    reach = storage_offset + sum((d - 1) * st for d, st in zip(size, stride) if d > 0) + 1
+    if all(d > 0 for d in size) and reach > n:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {storage_offset} require a "
+            f"storage of {reach} elements, and it has {n}"
+        )
+    return record(aten.as_strided_copy.default, (flat, list(size), list(stride), storage_offset), {})
 
 
 class _Refills(threading.local):
