@@ -188,9 +188,13 @@ def check(func, args, kwargs, run: Callable):
 
         return check(func, args, kwargs, dispatch)      # in record.dispatch, for an op in CHECKS
     """
+    on_device = []
     for b in CHECKS[func](_bind(func, args, kwargs)):
-        if type(b.index) is LazyTensor and b.index.dtype in _INTEGER and b.index.numel():
-            _check(b)
+        usable = type(b.index) is LazyTensor and b.index.dtype in _INTEGER and b.index.numel()
+        if usable and not _checked_on_host(b):
+            on_device.append(b)
+    if on_device and (_values["check_indices"] or _values["eager"]) and not diagnostics.active_regions():
+        _check_on_device(on_device)
     _local.inside = True
     try:
         return run(func, args, kwargs)
@@ -203,32 +207,36 @@ def inside() -> bool:
     return getattr(_local, "inside", False)
 
 
-def _check(b: _Bound) -> None:
+def _checked_on_host(b: _Bound) -> bool:
+    """Check ``b`` on the host's copy of its values, if the host has one (free); whether it did."""
     host = b.index._value[0].host
-    if host is not None:  # known on the host: free
-        bad = (host < b.lo) | (host >= b.hi)
-        if b.ignore is not None:
-            bad &= host != b.ignore
-        if bad.any():
-            raise b.error(int(host[bad][0]))
-        return
-    if not (_values["check_indices"] or _values["eager"]) or diagnostics.active_regions():
-        return
-    lo, hi = _min_max(b)
-    if lo < b.lo:
-        raise b.error(lo)
-    if hi >= b.hi:
-        raise b.error(hi)
-
-
-def _min_max(b: _Bound) -> tuple[int, int]:
-    """The index's smallest and largest value (``ignore`` taken as ``lo``): one device reduction, read on the
-    host (a sync)."""
-    t = b.index
+    if host is None:
+        return False
+    bad = (host < b.lo) | (host >= b.hi)
     if b.ignore is not None:
-        t = record(aten.masked_fill.Scalar, (t, record(aten.eq.Scalar, (t, b.ignore), {}), b.lo), {})
-    both = record(aten.stack.default, ([record(aten.min.default, (t,), {}), record(aten.max.default, (t,), {})],), {})
+        bad &= host != b.ignore
+    if bad.any():
+        raise b.error(int(host[bad][0]))
+    return True
+
+
+def _check_on_device(bounds: list[_Bound]) -> None:
+    """Check the indices' smallest and largest values (``ignore`` taken as ``lo``), computed by one device
+    reduction and read on the host in one sync."""
+    ends = []
+    for b in bounds:
+        t = b.index
+        if b.ignore is not None:
+            t = record(aten.masked_fill.Scalar, (t, record(aten.eq.Scalar, (t, b.ignore), {}), b.lo), {})
+        if t.dtype != torch.int64:  # (one dtype to stack them in)
+            t = record(aten._to_copy.default, (t,), {"dtype": torch.int64})
+        ends += [record(aten.min.default, (t,), {}), record(aten.max.default, (t,), {})]
+    both = record(aten.stack.default, (ends,), {})
     metrics.inc("index_checks")
     with metrics.timer("index_check"):
-        lo, hi = lazy_to_cpu(both, reason="index bounds check (lazyxla.config.check_indices)").tolist()
-    return lo, hi
+        values = lazy_to_cpu(both, reason="index bounds check (lazyxla.config.check_indices)").tolist()
+    for b, lo, hi in zip(bounds, values[::2], values[1::2]):
+        if lo < b.lo:
+            raise b.error(lo)
+        if hi >= b.hi:
+            raise b.error(hi)

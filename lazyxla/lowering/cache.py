@@ -389,6 +389,7 @@ PROGRAM_CODE: dict[str, bool] = {
     "lowering/": True,  # the rules, graph -> jax function, replica programs, how programs are lowered
     "lazy/": True,  # recording, meta inference, decompositions, RNG keys, sync's walk (argument order)
     "lazy/check.py": False,  # raises PyTorch's errors at the call; records nothing
+    "lazy/bounds.py": False,  # index bounds checks: raise at the call; what they record is a graph like any
     "lazy/regions.py": False,
     "frontend/": True,  # device kernels that record functional forms, autocast's casts, torch.compile traces
     "frontend/export.py": False,  # export lowers on its own, outside this cache
