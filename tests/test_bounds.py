@@ -51,6 +51,7 @@ CASES = {
     "take": (lambda w, i, s: torch.take(w, i), torch.tensor([3, 30])),
     "take_negative": (lambda w, i, s: torch.take(w, i), torch.tensor([-31])),
     "index_add": (lambda w, i, s: _zeros(w).index_add(0, i, torch.ones_like(w[:2])), ROWS),
+    "index_reduce": (lambda w, i, s: _zeros(w).index_reduce(0, i, torch.ones_like(w[:2]), "amax"), ROWS),
     "index_copy": (lambda w, i, s: _zeros(w).index_copy(0, i, torch.ones_like(w[:2])), ROWS),
     "index_fill": (lambda w, i, s: _zeros(w).index_fill(0, i, 1.0), ROWS),
     "index_fill_negative": (lambda w, i, s: _zeros(w).index_fill(0, i, 1.0), torch.tensor([-11])),

@@ -164,6 +164,7 @@ CHECKS: dict = {
     aten.scatter_add.default: _SCATTER,
     aten.scatter_reduce.two: _SCATTER,
     aten.index_add.default: _SCATTER,
+    aten.index_reduce.default: _along_dim("self", _plain(_out_of_range_in_self)),
     aten.index_copy.default: _along_dim("self", _out_of_bounds(IndexError, "index_copy_(): ")),
     aten.index_fill.int_Scalar: _along_dim("self", _out_of_bounds(IndexError), negative=True),
     aten.index_fill.int_Tensor: _along_dim("self", _out_of_bounds(IndexError), negative=True),
