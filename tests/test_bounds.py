@@ -202,3 +202,18 @@ def test_the_flag_parses_from_the_environment(monkeypatch):
     assert _Config().check_indices is False
     monkeypatch.delenv("LAZYXLA_CHECK_INDICES")
     assert _Config().check_indices is False
+
+
+def test_the_error_is_raised_at_the_users_line(dev):
+    import inspect
+
+    ids = _on_device(torch.tensor([3, 10]), dev)
+    weight = torch.randn(10, 4).to(dev)
+    lazyxla.config.check_indices = True
+    try:
+        line = inspect.currentframe().f_lineno + 2
+        with pytest.raises(IndexError, match="index out of range in self") as info:
+            F.embedding(ids, weight)
+    finally:
+        lazyxla.config.check_indices = False
+    assert any(str(e.path) == __file__ and e.lineno + 1 == line for e in info.traceback)

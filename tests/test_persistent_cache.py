@@ -507,7 +507,8 @@ def test_every_rank_of_a_multi_process_run_loads_its_programs_in_the_next_run(tm
     first = lazyxla.spawn(W.cached_training, args=(folder,), nprocs=2, timeout_s=180)
     second = lazyxla.spawn(W.cached_training, args=(folder,), nprocs=2, timeout_s=180)
     for rank, (a, b) in enumerate(zip(first, second)):
-        assert a["hits"] == 0 and a["misses"] == a["compiles"] > 0, (rank, a)
+        # (the all-reduce's program spans both ranks' devices: one entry, which the later rank may load)
+        assert a["hits"] + a["misses"] == a["compiles"] > a["hits"], (rank, a)
         assert b["hits"] == b["compiles"] == a["compiles"] and b["misses"] == 0, (rank, b)
         assert a["warnings"] == b["warnings"] == [], rank
         assert b["losses"] == a["losses"]

@@ -235,7 +235,7 @@ def _check_on_device(bounds: list[_Bound]) -> None:
     both = record(aten.stack.default, (ends,), {})
     metrics.inc("index_checks")
     with metrics.timer("index_check"):
-        values = lazy_to_cpu(both, reason="index bounds check (lazyxla.config.check_indices)").tolist()
+        values = lazy_to_cpu(both, reason="index bounds check (config.check_indices, eager mode)").tolist()
     for b, lo, hi in zip(bounds, values[::2], values[1::2]):
         if lo < b.lo:
             raise b.error(lo)
