@@ -96,6 +96,18 @@ FLAGS: tuple[Flag, ...] = (
         "the next sync (lazy mode). Same as lazyxla.eager_mode(True).",
     ),
     Flag(
+        "check_indices",
+        bool,
+        False,
+        "Check every index an op reads (index, index_put_, index_select, gather, scatter*, embedding, nll_loss/"
+        "cross_entropy targets, take, index_add/copy/fill) and raise PyTorch's error (IndexError: index out of "
+        "range in self, ...) at the call for one out of range. An index whose values the host has (small "
+        "integer tensors copied from the CPU) is always checked, for free; any other costs a sync at the call "
+        "(its min and max read on the host, counted as index_checks). Off: out-of-range reads give a fill value "
+        "(NaN, the lowest integer) and writes are dropped, as XLA does. Always on in eager mode. See "
+        "docs/debugging.md.",
+    ),
+    Flag(
         "host_read_computes",
         str,
         "needed",

@@ -448,3 +448,42 @@ def device_results(rank: int) -> list:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4).to(dev)
     return [p.detach().cpu() * (rank + 1) for p in model.parameters()] + [torch.tensor(rank)]
+
+
+def cached_training(rank: int, folder: str) -> dict:
+    """Two SGD steps of a small model whose gradients are all-reduced (a replica program) after a step that
+    makes its data on the device (single-device programs), with the persistent cache in ``folder``; returns
+    the losses, the disk-cache counters and the cache's warnings."""
+    import warnings
+
+    import lazyxla
+    from lazyxla import ReduceOp
+
+    lazyxla.config.persistent_cache = True
+    lazyxla.config.cache_dir = folder
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = (torch.arange(12.0).reshape(3, 4) * (rank + 1)).to(dev) / 10
+        lazyxla.sync()
+        for _ in range(2):
+            loss = model(x).square().mean()
+            loss.backward()
+            for p in model.parameters():
+                p.grad = lazyxla.all_reduce(ReduceOp.SUM, p.grad, scale=0.5)
+            opt.step()
+            opt.zero_grad()
+            lazyxla.sync()
+            losses.append(loss.item())
+    counters = lazyxla.metrics.counters()
+    return {
+        "losses": losses,
+        "hits": counters.get("persistent_cache_hits", 0),
+        "misses": counters.get("persistent_cache_misses", 0),
+        "compiles": counters.get("compiles", 0),
+        "warnings": [str(w.message) for w in caught if "cache" in str(w.message)],
+    }

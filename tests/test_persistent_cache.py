@@ -513,3 +513,19 @@ def test_every_file_of_the_package_is_declared_program_code_or_not():
     assert "lowering/rules/pointwise.py" in files
     assert [f for f in files if cache.code_entry(f) is None] == []
     assert [e for e in cache.PROGRAM_CODE if not any(cache.code_entry(f) == e for f in files)] == []
+
+
+def test_every_rank_of_a_multi_process_run_loads_its_programs_in_the_next_run(tmp_path):
+    # Each rank has a lazyxla:0, but XLA binds a program to the rank's own device: keyed by the local index,
+    # both ranks wrote one entry, and in the next run one rank met "could not be loaded (KeyError: 2048)"
+    import replica_workers as W  # tests/ is on sys.path (pytest puts it there); the children import it by name
+
+    folder = str(tmp_path / "xla")
+    first = lazyxla.spawn(W.cached_training, args=(folder,), nprocs=2, timeout_s=180)
+    second = lazyxla.spawn(W.cached_training, args=(folder,), nprocs=2, timeout_s=180)
+    for rank, (a, b) in enumerate(zip(first, second)):
+        # (the all-reduce's program spans both ranks' devices: one entry, which the later rank may load)
+        assert a["hits"] + a["misses"] == a["compiles"] > a["hits"], (rank, a)
+        assert b["hits"] == b["compiles"] == a["compiles"] and b["misses"] == 0, (rank, b)
+        assert a["warnings"] == b["warnings"] == [], rank
+        assert b["losses"] == a["losses"]

@@ -211,8 +211,10 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
                 where = ("spmd", processes.process_index(), tuple(str(d) for d in targets), layouts(leaves))
             elif reps is not None:
                 targets, where = reps.devices, ("replicas", tuple(str(d) for d in reps.devices))
-            else:
-                targets, where = [dev], device
+            else:  # the device's global id, not its local index: each rank of a multi-process run has a
+                # lazyxla:0, but XLA binds the executable to the rank's own device (a rank that loaded another
+                # rank's entry met KeyError: <its device id>, and no rank ever hit)
+                targets, where = [dev], ("device", dev.id)
             name = _digest(order, leaves, roots, where, donated)
             executable = _load(store, name, targets, len(layout.specs(leaves, None)), len(roots))
     if devices.platform() == "cpu":  # (buffers in host memory: once, before the first program runs)
@@ -387,6 +389,7 @@ PROGRAM_CODE: dict[str, bool] = {
     "lowering/": True,  # the rules, graph -> jax function, replica programs, how programs are lowered
     "lazy/": True,  # recording, meta inference, decompositions, RNG keys, sync's walk (argument order)
     "lazy/check.py": False,  # raises PyTorch's errors at the call; records nothing
+    "lazy/bounds.py": False,  # index bounds checks: raise at the call; what they record is a graph like any
     "lazy/regions.py": False,
     "frontend/": True,  # device kernels that record functional forms, autocast's casts, torch.compile traces
     "frontend/export.py": False,  # export lowers on its own, outside this cache

@@ -24,6 +24,7 @@ _BASE = (
     "syncs",
     "ops_recorded",
     "data_dependent_syncs",
+    "index_checks",
     "scalar_reads",
     "device_buffers",
 )
@@ -112,6 +113,7 @@ def counters() -> dict[str, int]:
     ``executions``, ``nodes_executed`` (IR nodes in the programs run, summed: the size of the work each
     sync sends), ``host_to_device``, ``device_to_host``, ``syncs``, ``ops_recorded`` and
     ``data_dependent_syncs`` (host reads an op's output shape needed, e.g. ``nonzero``'s count),
+    ``index_checks`` (host reads of an op's index bounds: ``config.check_indices``, eager mode),
     ``scalar_reads`` (host reads of a one-element tensor's value: ``.item()``, ``bool(t)``, ``if t:``),
     ``device_buffers`` (buffers put on a device: one per device a copy from the host fills, and one per result
     of a program on each device that holds it), plus one ``fallback.<op>`` entry per op that ran on the CPU.
