@@ -189,6 +189,11 @@ def check(func, args, kwargs, run: Callable):
 
         return check(func, args, kwargs, dispatch)      # in record.dispatch, for an op in CHECKS
     """
+    _local.inside = True
+    try:  # recorded first: PyTorch's own errors (shapes, dims, dtypes) come before an index's, as on the CPU
+        out = run(func, args, kwargs)
+    finally:
+        _local.inside = False
     on_device = []
     for b in CHECKS[func](_bind(func, args, kwargs)):
         usable = type(b.index) is LazyTensor and b.index.dtype in _INTEGER and b.index.numel()
@@ -196,11 +201,7 @@ def check(func, args, kwargs, run: Callable):
             on_device.append(b)
     if on_device and (_values["check_indices"] or _values["eager"]) and not diagnostics.active_regions():
         _check_on_device(on_device)
-    _local.inside = True
-    try:
-        return run(func, args, kwargs)
-    finally:
-        _local.inside = False
+    return out  # an op whose index is out of range raised above: its recorded result is never handed out
 
 
 def inside() -> bool:

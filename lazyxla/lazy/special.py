@@ -434,7 +434,7 @@ def note_storage_owner(t: torch.Tensor, storage) -> None:
 
         note_storage_owner(w[2:], w[2:].untyped_storage())    # w's values are the storage's
     """
-    owner = t if torch_private.covers_its_storage(t) else t._base
+    owner = t if torch_private.covers_its_storage(t) else torch_private.view_base(t)
     if owner is not None and (owner is t or torch_private.covers_its_storage(owner)):
         _owners[torch_private.storage_identity(storage)] = owner
 
