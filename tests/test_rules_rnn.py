@@ -5,6 +5,7 @@ parameter gradients; packed sequences; double backward; a training step's compil
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -137,15 +138,18 @@ def test_module_unbatched(cls):
     _compare(cls(I, H, num_layers=2), _r(T, I, seed=1))
 
 
+@pytest.mark.parametrize("lengths", [[5, 3, 2], [3, 5, 2]], ids=["sorted", "unsorted"])
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
-def test_packed_sequence(cls):
-    # Sequences of lengths 5, 3 and 2, padded: each step runs the cell on the batch still active.
+def test_packed_sequence(cls, lengths):
+    # Padded sequences of lengths 5, 3 and 2: each step runs the cell on the batch still active. PyTorch keeps
+    # the lengths and batch sizes on the CPU, as on CUDA.
     torch.manual_seed(0)
     module = cls(I, H, bidirectional=True)
-    lengths = torch.tensor([5, 3, 2])
+    lengths = torch.tensor(lengths)
 
     def run(m, x):
-        packed = rnn_utils.pack_padded_sequence(x, lengths, enforce_sorted=True)
+        packed = rnn_utils.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        assert packed.batch_sizes.device.type == "cpu" and packed.batch_sizes.tolist() == [3, 3, 2, 1, 1]
         out, state = m(packed)
         padded, _ = rnn_utils.pad_packed_sequence(out)
         return padded, state
@@ -181,6 +185,28 @@ def test_cell_double_backward(cls):
 
 
 # ---- training ----
+
+
+def test_nested_recurrent_module_keeps_its_parameters(dev):
+    # nn.LSTM keeps weak references to its parameters, remade by its own _apply inside the outer module's move;
+    # they must not make lazyxla give up keeping the Parameter objects (an optimizer built before .to trains).
+    torch.manual_seed(0)
+    model = nn.Sequential(_Wrap(nn.LSTM(I, H), lambda m, x: m(x)[0]), nn.Linear(H, 2))
+    reference = copy.deepcopy(model)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.to(dev)
+    assert all(p is q for p, q in zip(model.parameters(), params))
+    assert all(p.device == dev for p in params)
+    lstm = model[0].module
+    assert all(w is getattr(lstm, n) for w, n in zip(lstm._flat_weights, lstm._flat_weights_names))
+    x = _r(T, B, I, grad=False, seed=1)
+    for m, o, xs in ((model, opt, x.to(dev)), (reference, torch.optim.SGD(reference.parameters(), lr=0.1), x)):
+        m(xs).square().mean().backward()
+        o.step()
+    torch.testing.assert_close([p.detach().cpu() for p in params], [p.detach() for p in reference.parameters()])
 
 
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
