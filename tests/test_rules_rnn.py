@@ -44,7 +44,9 @@ def _compare(module, *inputs):
     output w.r.t. the inputs and the parameters."""
     torch.manual_seed(0)
     dev_module = copy.deepcopy(module).to(lazyxla.device())
-    cpu_inputs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs]
+    cpu_inputs = [
+        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
+    ]
     dev_inputs = to_dev(inputs)
     expected, actual = _flat(module(*cpu_inputs)), _flat(dev_module(*dev_inputs))
     assert_same(actual, expected, **TOL)

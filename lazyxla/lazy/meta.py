@@ -467,15 +467,15 @@ def _remember(memo: set, key) -> None:
 
 def _rnn_cell_check(input_gates, hidden_gates, state, input_bias, hidden_bias, gates: int) -> None:
     """The size checks of CUDA's fused cells (``checkSizes`` in ``RNN.cu``), biases optional as there."""
-    torch._check(input_gates.ndim == 2 and input_gates.shape == hidden_gates.shape, lambda: "gate sizes differ")
-    torch._check(input_gates.shape[1] % gates == 0, lambda: f"the gates' width is not {gates} x the hidden size")
-    torch._check(
-        state.ndim == 2 and tuple(state.shape) == (input_gates.shape[0], input_gates.shape[1] // gates),
-        lambda: f"the state's shape is {tuple(state.shape)}, the gates' {tuple(input_gates.shape)}",
-    )
-    torch._check((input_bias is None) == (hidden_bias is None), lambda: "one bias given without the other")
-    for b in (input_bias, hidden_bias):
-        torch._check(b is None or tuple(b.shape) == (input_gates.shape[1],), lambda: "a bias's size is not the gates'")
+    width = input_gates.shape[1] if input_gates.ndim == 2 else -1
+    if input_gates.shape != hidden_gates.shape or width % gates:
+        raise RuntimeError(f"fused RNN cell: gates {tuple(input_gates.shape)} and {tuple(hidden_gates.shape)}")
+    if state.ndim != 2 or tuple(state.shape) != (input_gates.shape[0], width // gates):
+        raise RuntimeError(f"fused RNN cell: state {tuple(state.shape)} for gates {tuple(input_gates.shape)}")
+    if (input_bias is None) != (hidden_bias is None) or any(
+        b is not None and tuple(b.shape) != (width,) for b in (input_bias, hidden_bias)
+    ):
+        raise RuntimeError(f"fused RNN cell: both biases, of size {width}, or none")
 
 
 def _fused_lstm_cell_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
@@ -493,10 +493,19 @@ def _fused_gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_
 def _fused_gru_cell_backward_meta(grad_hy, workspace, has_bias):
     """Gradients of the input gates, hidden gates, ``hx`` and the two biases (None without biases)."""
     batch, hidden = grad_hy.shape
-    torch._check(tuple(workspace.shape) == (batch, 5 * hidden), lambda: "the workspace is not the forward's")
+    if tuple(workspace.shape) != (batch, 5 * hidden):
+        raise RuntimeError(
+            f"fused GRU cell backward: workspace {tuple(workspace.shape)} for gradient {(batch, hidden)}"
+        )
     gates = workspace.new_empty((batch, 3 * hidden))
     bias = workspace.new_empty((3 * hidden,)) if has_bias else None
-    return gates, torch.empty_like(gates), torch.empty_like(grad_hy), bias, None if bias is None else torch.empty_like(bias)
+    return (
+        gates,
+        torch.empty_like(gates),
+        torch.empty_like(grad_hy),
+        bias,
+        None if bias is None else torch.empty_like(bias),
+    )
 
 
 # Output metadata lazyxla computes itself: PyTorch's meta kernel is missing (the GRU cell, CUDA-only) or fails

@@ -13,9 +13,8 @@ in float32 and rounded once, as CUDA's kernels do.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import nn as jnn
-
 import torch
+from jax import nn as jnn
 
 from lazyxla.lowering.registry import lowers
 from lazyxla.lowering.rules.common import acc
