@@ -280,6 +280,17 @@ def set_module_apply(fn: Callable) -> None:
     torch.nn.Module._apply = fn
 
 
+# Recurrent modules (nn.LSTM, nn.GRU, nn.RNN) keep weak references to their parameters (``_flat_weight_refs``),
+# remade by their ``_apply``; a weak reference makes ``torch.utils.swap_tensors`` refuse the parameter.
+def drop_rnn_weight_refs(m: torch.nn.RNNBase) -> None:
+    m._flat_weight_refs = []
+
+
+def refresh_rnn_weights(m: torch.nn.RNNBase) -> None:
+    """Point the module's list of weights (and its weak references) at its current parameters."""
+    m._init_flat_weights()
+
+
 # ---- torch.compile (Dynamo) --------------------------------------------------------------------------
 
 # describes real tensors to the fake-tensor converter: lazyxla patches it to describe lazyxla tensors as XLA's

@@ -305,6 +305,21 @@ def _to_copy(keyset, self, **kwargs):
     return out
 
 
+# ``pack_padded_sequence`` returns ``batch_sizes`` on the CPU, which the recurrent modules' kernels read on the
+# host (``data_ptr``). PyTorch's functionalization kernel wraps every output of an op on a lazyxla tensor, that CPU
+# tensor too, and a wrapper has no data to read ("its data is not allocated yet"): this kernel, at Functionalize,
+# runs PyTorch's and hands back the plain CPU tensor, as CUDA's ``pack_padded_sequence`` gives it.
+
+_FUNCTIONAL_PACK_PADDED = torch_private.computed_kernel("aten::_pack_padded_sequence", "Functionalize")
+
+
+def _pack_padded_sequence(keyset, input, lengths, batch_first):
+    data, batch_sizes = _FUNCTIONAL_PACK_PADDED.call_boxed(keyset, input, lengths, batch_first)
+    if torch_private.is_functional(batch_sizes) and not on_device(batch_sizes):
+        batch_sizes = torch_private.from_functional(batch_sizes)
+    return data, batch_sizes
+
+
 _functionalize_library = None
 
 
@@ -321,6 +336,9 @@ def install(name: str = "lazyxla") -> None:
         with warnings.catch_warnings():  # "overriding a previously registered kernel": PyTorch's, on purpose
             warnings.simplefilter("ignore", UserWarning)
             _functionalize_library.impl("_to_copy", _to_copy, "Functionalize", with_keyset=True)
+            _functionalize_library.impl(
+                "_pack_padded_sequence", _pack_padded_sequence, "Functionalize", with_keyset=True
+            )
     autocast.install()
     modules.install()
     storage.install()

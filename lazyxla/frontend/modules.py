@@ -220,7 +220,14 @@ def _apply_keeping_ties(self: nn.Module, fn: Callable, *args, **kwargs):
             convert = _ConvertOnce(fn, shared)
             result = _original_apply(self, convert, *args, **kwargs)
             _retie(groups, sources, convert)
+        # A recurrent module nested in the moved one remade weak references to its new parameters already
+        # (its own _apply ran inside this walk), which would block the swap back into the old objects.
+        rnns = [m for m in self.modules() if isinstance(m, nn.RNNBase)]
+        for m in rnns:
+            torch_private.drop_rnn_weight_refs(m)
         _keep_parameter_objects(held)
+        for m in rnns:
+            torch_private.refresh_rnn_weights(m)
         return result
     finally:
         _walk.active = False

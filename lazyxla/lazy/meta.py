@@ -349,7 +349,7 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     margs, mkw = _call_args(template, flat.meta_subst, args, kwargs, _meta_tensor, _META)
     with torch_private.disable_functorch(), _no_python_dispatch():
         try:
-            out = func(*margs, **mkw)
+            out = _OWN_META.get(func, func)(*margs, **mkw)
         except NotImplementedError as e:  # no meta kernel, or a data-dependent shape (a boolean mask)
             if func not in _MISSING_META:
                 raise NoMeta(str(e)) from e
@@ -463,6 +463,58 @@ def _remember(memo: set, key) -> None:
     if len(memo) >= _FAST_LIMIT:  # signatures that keep changing: start over rather than grow forever
         memo.clear()
     memo.add(key)
+
+
+def _rnn_cell_check(input_gates, hidden_gates, state, input_bias, hidden_bias, gates: int) -> None:
+    """The size checks of CUDA's fused cells (``checkSizes`` in ``RNN.cu``), biases optional as there."""
+    width = input_gates.shape[1] if input_gates.ndim == 2 else -1
+    if input_gates.shape != hidden_gates.shape or width % gates:
+        raise RuntimeError(f"fused RNN cell: gates {tuple(input_gates.shape)} and {tuple(hidden_gates.shape)}")
+    if state.ndim != 2 or tuple(state.shape) != (input_gates.shape[0], width // gates):
+        raise RuntimeError(f"fused RNN cell: state {tuple(state.shape)} for gates {tuple(input_gates.shape)}")
+    if (input_bias is None) != (hidden_bias is None) or any(
+        b is not None and tuple(b.shape) != (width,) for b in (input_bias, hidden_bias)
+    ):
+        raise RuntimeError(f"fused RNN cell: both biases, of size {width}, or none")
+
+
+def _fused_lstm_cell_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """``hy``, ``cy`` and the ``[i, f, g, o]`` workspace (PyTorch's meta kernel fails without biases)."""
+    _rnn_cell_check(input_gates, hidden_gates, cx, input_bias, hidden_bias, 4)
+    return torch.empty_like(cx), torch.empty_like(cx), torch.empty_like(input_gates)
+
+
+def _fused_gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """``hy`` and the ``[r, z, n, hx, hn]`` workspace CUDA's kernel saves for the backward."""
+    _rnn_cell_check(input_gates, hidden_gates, hx, input_bias, hidden_bias, 3)
+    return torch.empty_like(hx), input_gates.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+
+def _fused_gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    """Gradients of the input gates, hidden gates, ``hx`` and the two biases (None without biases)."""
+    batch, hidden = grad_hy.shape
+    if tuple(workspace.shape) != (batch, 5 * hidden):
+        raise RuntimeError(
+            f"fused GRU cell backward: workspace {tuple(workspace.shape)} for gradient {(batch, hidden)}"
+        )
+    gates = workspace.new_empty((batch, 3 * hidden))
+    bias = workspace.new_empty((3 * hidden,)) if has_bias else None
+    return (
+        gates,
+        torch.empty_like(gates),
+        torch.empty_like(grad_hy),
+        bias,
+        None if bias is None else torch.empty_like(bias),
+    )
+
+
+# Output metadata lazyxla computes itself: PyTorch's meta kernel is missing (the GRU cell, CUDA-only) or fails
+# for valid calls (the LSTM cell without biases). Checked before PyTorch's own.
+_OWN_META = {
+    aten._thnn_fused_lstm_cell.default: _fused_lstm_cell_meta,
+    aten._thnn_fused_gru_cell.default: _fused_gru_cell_meta,
+    aten._thnn_fused_gru_cell_backward.default: _fused_gru_cell_backward_meta,
+}
 
 
 # Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).

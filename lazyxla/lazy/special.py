@@ -418,6 +418,26 @@ def _single_sample_loss(func, single):
     return handler
 
 
+def _pack_padded_sequence(x, lengths, batch_first):
+    """``pack_padded_sequence`` on the device. ``lengths`` is a CPU tensor, as PyTorch requires, and so is the
+    ``batch_sizes`` it returns, which the recurrent modules read on the host: PyTorch's kernel runs on a meta
+    stand-in of the input (its checks and errors, and ``batch_sizes``), and the packed data is recorded as the
+    same slices of the input, concatenated."""
+    stand_in = torch.empty(x.shape, dtype=x.dtype, device="meta")
+    if isinstance(lengths, LazyTensor):  # PyTorch's error for lengths not on the CPU
+        lengths = torch.empty(lengths.shape, dtype=lengths.dtype, device="meta")
+    _, batch_sizes = aten._pack_padded_sequence.default(stand_in, lengths, batch_first)
+    steps = record(aten.transpose_copy.int, (x, 0, 1), {}) if batch_first else x
+    rest = tuple(steps.shape[2:])
+    pieces, start, sizes = [], 0, batch_sizes.tolist()
+    for t in range(len(sizes) + 1):  # one piece per run of steps with the same batch size
+        if t == len(sizes) or sizes[t] != sizes[start]:
+            piece = _slice(_slice(steps, 0, start, t), 1, 0, sizes[start])
+            pieces.append(_reshaped(piece, ((t - start) * sizes[start], *rest)))
+            start = t
+    return record(aten.cat.default, (pieces, 0), {}), batch_sizes
+
+
 # The tensors whose storage was asked for (``t.untyped_storage()``, ``t.storage()``), by the storage's identity: a
 # lazyxla tensor's storage is functionalization's and holds no bytes, so reading it (``storage[i]``, ``tolist``,
 # ``.cpu()``) or setting another tensor to it (``t.set_(w.storage(), ...)``) reads the tensor that holds the whole
@@ -580,6 +600,7 @@ SPECIAL = {
     aten.detach_copy.default: _alias,
     aten.alias_copy.default: _alias,
     aten.lift_fresh_copy.default: lambda x: _lift(_alias(x)),
+    aten._pack_padded_sequence.default: _pack_padded_sequence,
 }
 
 

@@ -18,6 +18,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     pointwise,
     random,
     reduction,
+    rnn,
     sampling,
     scan,
     sorting,
