@@ -15,7 +15,7 @@ import pytest
 from lazyxla.tools import pytorch_suite as suite
 from lazyxla.tools import pytorch_suite_reasons as reasons
 
-CONFTEST = '''
+CONFTEST = """
 import json, os, re, time
 
 _DEV = os.environ.get("PTS_DEVICE", "lazyxla")
@@ -50,9 +50,9 @@ def pytest_runtest_logreport(report):
         msg = "" if report.outcome == "passed" else report.longreprtext
         _w({"event": "report", "nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
             "xfail": hasattr(report, "wasxfail"), "duration": report.duration, "msg": msg})
-'''
+"""
 
-TESTS = '''
+TESTS = """
 import os, signal, time, unittest
 
 DEV = os.environ.get("PTS_DEVICE", "lazyxla")
@@ -98,7 +98,7 @@ class TestThingsPRIVATEUSE1(Generic, unittest.TestCase):
 
 class TestThingsCPU(Generic, unittest.TestCase):
     pass
-'''
+"""
 # pytest would name the lazyxla tests test_x (no device suffix here): cpu_twin maps only the class
 
 
@@ -132,8 +132,15 @@ def test_crash_isolation_cpu_twin_and_listing(folder):
     assert top[0][:2] == ("RuntimeError: index N is out of bounds for DEV", 2)
     assert {k for k, _, _ in top} == {top[0][0], "the process died (SIGSEGV)", "ran past the per-test time limit"}
     text = suite.markdown(
-        {"finished": "today", "commit": "abc", "torch": "2.13", "machine": "2 cores", "tests": "x", "seconds": 60,
-         "files": [row]}
+        {
+            "finished": "today",
+            "commit": "abc",
+            "torch": "2.13",
+            "machine": "2 cores",
+            "tests": "x",
+            "seconds": 60,
+            "files": [row],
+        }
     )
     assert "| `test_fake.py` | 1/1 | 7 | 2 | 3 | 1 | 1 | 1 | 1 | 1 | 33.3% |" in text
     assert "test_segfaults`: SIGSEGV" in text

@@ -161,7 +161,9 @@ def collect(tests: Path, file: str, device: str, sample: int, match: str | None,
     )
     ids = [ln.strip() for ln in out.stdout.splitlines() if "::" in ln and not ln.startswith(" ")]
     if not ids and out.returncode not in (0, 5):
-        raise RuntimeError(f"collecting {file} failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"collecting {file} failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
+        )
     return ids
 
 
@@ -181,9 +183,8 @@ def _outcomes(records: list[dict]) -> tuple[dict[str, dict], str | None, float]:
             res.update(outcome="failed", msg=res["msg"] or r["msg"])
         elif r["outcome"] == "skipped" and res["outcome"] == "passed":
             res.update(outcome="xfail" if r.get("xfail") else "skipped", msg=r["msg"][-500:])
-        if r["when"] == "call" or r["outcome"] != "passed":
-            if r["when"] != "teardown" and nid == current:
-                current = None  # the test finished (its teardown may still fail: a later report)
+        if (r["when"] == "call" or r["outcome"] != "passed") and r["when"] != "teardown" and nid == current:
+            current = None  # the test finished (its teardown may still fail: a later report)
     return results, current, started
 
 
@@ -389,7 +390,8 @@ def markdown(data: dict) -> str:
         f"Last run: {data['finished']}, commit `{data['commit']}`, torch {data['torch']}, {data['machine']}, "
         f"{data['seconds'] / 60:.0f} min. Tests from `{data['tests']}`.",
         "",
-        "| file | sample | run | passed | failed | crashed | timeout | not passing on CPU either | skipped | listed | pass rate |",
+        "| file | sample | run | passed | failed | crashed | timeout | not passing on CPU either | skipped | listed "
+        "| pass rate |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
@@ -412,8 +414,13 @@ def markdown(data: dict) -> str:
     if crashed:
         lines += ["", "Crashes and hangs (the test is recorded, and the rest of its file runs in a new process):", ""]
         lines += [f"- `{nid}`: {t.get('signal', t['outcome'])}" for nid, t in crashed]
-    lines += ["", "Failure causes (failures that pass on CPU, grouped by their normalised error):", "",
-              "| cause | tests | e.g. |", "| --- | ---: | --- |"]
+    lines += [
+        "",
+        "Failure causes (failures that pass on CPU, grouped by their normalised error):",
+        "",
+        "| cause | tests | e.g. |",
+        "| --- | ---: | --- |",
+    ]
     lines += [f"| {_cell(k)} | {n} | `{ex}` |" for k, n, ex in causes(rows)]
     return "\n".join(lines)
 
@@ -469,8 +476,11 @@ def main(argv: list[str] | None = None) -> None:
         main(["-k", "test_view_ops", "--update-doc"])
     """
     parser = argparse.ArgumentParser(prog="python -m lazyxla.tools.pytorch_suite", description=__doc__.split("\n")[0])
-    parser.add_argument("--tests", default=os.environ.get("PYTORCH_TESTS", str(DEFAULT_TESTS)),
-                        help="the folder of PyTorch's test files ($PYTORCH_TESTS, else ../shared/pytorch-tests)")
+    parser.add_argument(
+        "--tests",
+        default=os.environ.get("PYTORCH_TESTS", str(DEFAULT_TESTS)),
+        help="the folder of PyTorch's test files ($PYTORCH_TESTS, else ../shared/pytorch-tests)",
+    )
     parser.add_argument("-k", action="append", dest="keys", help="run only files whose name contains this")
     parser.add_argument("--sample", type=int, help="every N-th test of every file (default: SAMPLE per file)")
     parser.add_argument("--match", help="only node ids matching this regex (PTS_MATCH)")
@@ -498,8 +508,11 @@ def main(argv: list[str] | None = None) -> None:
         row = run_file(tests, file, args.sample or SAMPLE[file], args.match, limits)
         rows.append(row)
         c = file_counts(row)
-        print(f"[{i}/{len(files)}] {file}: {c['passed']}/{c['run']} passed, {c['crashed']} crashed, "
-              f"{c['gap']} fail on CPU too ({c['rate']:.1%}) in {row['seconds']:.0f}s", flush=True)
+        print(
+            f"[{i}/{len(files)}] {file}: {c['passed']}/{c['run']} passed, {c['crashed']} crashed, "
+            f"{c['gap']} fail on CPU too ({c['rate']:.1%}) in {row['seconds']:.0f}s",
+            flush=True,
+        )
     data = {
         "finished": time.strftime("%Y-%m-%d"),
         "commit": _commit(),
