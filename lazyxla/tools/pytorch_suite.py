@@ -314,7 +314,7 @@ def _short(res: dict) -> dict:
     out = {"outcome": res["outcome"]}
     if res["outcome"] in NOT_PASSED or res["outcome"] == "not run":
         out["msg"] = res.get("msg", "")[-2500:]
-        out["cause"] = reasons.normalise(res.get("msg", ""))
+        out["error"] = reasons.error_line(res.get("msg", ""))[:500]
     if "signal" in res:
         out["signal"] = res["signal"]
         out["cause"] = f"the process died ({res['signal']})"
@@ -371,7 +371,7 @@ def causes(rows: list[dict], top: int = 25) -> list[tuple[str, int, str]]:
     for row in rows:
         for nid, t in row["tests"].items():
             if t["outcome"] in NOT_PASSED and not gap(t):
-                key = t.get("cause") or reasons.normalise(t.get("msg", ""))
+                key = t.get("cause") or reasons.normalise_line(t.get("error", ""))
                 counts[key] += 1
                 example.setdefault(key, nid.split("::")[-1])
     return [(k, n, example[k]) for k, n in counts.most_common(top)]
@@ -459,6 +459,21 @@ def _machine() -> str:
     return f"{os.cpu_count()} cores{' ' + model if model else ''} ({platform.machine()})"
 
 
+def reclassify(data: dict) -> None:
+    """Recompute the saved failures' error lines, so that today's ``CAUSES`` and normalisation group them
+    (after editing ``pytorch_suite_reasons``, no re-run needed).
+
+    Example::
+
+        data = json.loads(RESULTS.read_text()); reclassify(data); update_doc(data)
+    """
+    for row in data["files"]:
+        for t in row["tests"].values():
+            if t["outcome"] == "failed":
+                t["error"] = reasons.error_line(t.get("msg", ""))[:500]
+                t.pop("cause", None)
+
+
 def _merge(previous: dict | None, rows: list[dict]) -> list[dict]:
     """This run's rows replace the previous results' rows of the same files; the others stay."""
     if previous is None:
@@ -494,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.doc_only:
         if previous is None:
             parser.error(f"no saved results: {RESULTS} is missing")
+        reclassify(previous)
+        atomic_write(RESULTS, json.dumps(previous, indent=1).encode())
         update_doc(previous)
         return
     tests = Path(args.tests).resolve()

@@ -62,24 +62,35 @@ def error_line(msg: str) -> str:
 
 _NORMALISE = (
     (re.compile(r"0x[0-9a-fA-F]+"), "ADDR"),
+    (re.compile(r"(lazyxla|cpu)_(float|int|uint|bool|complex|bfloat)\w*"), "DEV_DTYPE"),
+    (re.compile(r"torch\.(float|int|uint|bool|complex|bfloat|half|double|long|short)\w*"), "torch.DTYPE"),
+    (re.compile(r"\b(b?float|u?int|complex)\d+\b|\bbool\b"), "DTYPE"),
     (re.compile(r"'[^']{40,}'"), "'…'"),
     (re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e-?\d+)?"), "N"),
     (re.compile(r"lazyxla:N|cpu:N"), "DEV"),
-    (re.compile(r"\b(lazyxla|cpu)_(float|int|uint|bool|complex|bfloat)\w*"), "DEV_DTYPE"),
-    (re.compile(r"torch\.(float|int|uint|bool|complex|bfloat|half|double|long|short)\w*"), "torch.DTYPE"),
+    (re.compile(r"\[N(, N)*\]|\(N(, N)*,?\)"), "SHAPE"),
     (re.compile(r"\s+"), " "),
 )
 
 
 def normalise(msg: str) -> str:
-    """A failure's cause as a short key: its error line with numbers, addresses and dtypes replaced, so that
-    the same cause in many tests groups together; or the ``CAUSES`` label it matches.
+    """A failure's cause as a short key: its error line (:func:`error_line`) as :func:`normalise_line` keys it.
 
     Example::
 
         normalise("E   IndexError: index 12 is out of bounds for size 10")   # 'IndexError: index N is out ...'
     """
-    line = error_line(msg)
+    return normalise_line(error_line(msg))
+
+
+def normalise_line(line: str) -> str:
+    """An error line with numbers, addresses, shapes, devices and dtypes replaced, so that the same cause in
+    many tests groups together; or the ``CAUSES`` label it matches.
+
+    Example::
+
+        normalise_line("RuntimeError: shape (2, 3) on lazyxla:0")   # 'RuntimeError: shape SHAPE on DEV'
+    """
     for pattern, label in CAUSES:
         if re.search(pattern, line):
             return label
