@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-ops test-upper lint bench bench-scan clean
+.PHONY: demo test test-ops test-upper test-pytorch lint bench bench-scan clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,18 @@ test: $(STAMP) lint
 # The whole OpInfo conformance suite (every op, every dtype; ~1 h on 2 cores), then the coverage summary.
 test-ops: $(STAMP)
 	$(PY) -m pytest -q tests/ops --opinfo=full; status=$$?; $(PY) -m lazyxla.tools.coverage; exit $$status
+
+# PyTorch's own device-generic tests (../shared/pytorch-tests, or PYTORCH_TESTS=...) with a crash-isolating runner and
+# their CPU twins; sampled to stay well under an hour on 2 cores (docs/testing.md). Their test files import
+# hypothesis, installed beside the project (build/pytorch-tests-deps), not into the venv.
+PTS_DEPS := build/pytorch-tests-deps
+
+$(PTS_DEPS)/.installed: $(STAMP)
+	$(PY) -m pip install -q --target $(PTS_DEPS) hypothesis==6.170.15
+	touch $@
+
+test-pytorch: $(STAMP) $(PTS_DEPS)/.installed
+	PYTORCH_SUITE_PATH=$(CURDIR)/$(PTS_DEPS) nice -n 10 $(PY) -m lazyxla.tools.pytorch_suite --update-doc
 
 # The upper end of the torch range pyproject.toml declares (torch 2.14.1, a CUDA build of ~6 GB that pip finds
 # on local disk): the same set-up with that torch, then the whole suite. docs/testing.md has its last result.
