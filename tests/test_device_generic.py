@@ -153,3 +153,69 @@ def test_uint8_masks(name):
 
     assert deprecations(dev_warnings) == deprecations(cpu_warnings)
     assert all(w.filename == __file__ for w in dev_warnings if "uint8" in str(w.message))
+
+
+# ---- writes into internally overlapping tensors (an expanded view): PyTorch's error at the call ----
+
+
+def _expanded(dev):
+    return torch.ones(3, device=dev).expand(3, 3)
+
+
+OVERLAP_CASES = {
+    "add_": lambda dev: _expanded(dev).add_(1),
+    "mul_tensor": lambda dev: _expanded(dev).mul_(torch.ones(3, 3, device=dev)),
+    "copy_": lambda dev: _expanded(dev).copy_(torch.zeros(3, 3, device=dev)),
+    "exp_": lambda dev: _expanded(dev).exp_(),
+    "normal_": lambda dev: _expanded(dev).normal_(),
+    "clamp_": lambda dev: _expanded(dev).clamp_(0, 0.5),
+    "transposed": lambda dev: _expanded(dev).t().add_(1),
+    "column": lambda dev: _expanded(dev)[:, 0].add_(1),
+    "new_dims": lambda dev: torch.ones(3, device=dev).expand(2, 3, 3)[1].sub_(1),
+    "as_strided": lambda dev: torch.ones(4, 4, device=dev).as_strided((2, 2), (0, 1)).mul_(2),
+    "out_add": lambda dev: torch.add(torch.ones(3, 3, device=dev), 1, out=_expanded(dev)),
+    "out_mm": lambda dev: torch.mm(torch.ones(3, 3, device=dev), torch.ones(3, 3, device=dev), out=_expanded(dev)),
+    # CPU accepts these
+    "row": lambda dev: _expanded(dev)[0].add_(1),
+    "size_1_dims": lambda dev: torch.ones(3, 1, device=dev).expand(3, 1).add_(1),
+    "slice": lambda dev: torch.ones(4, 4, device=dev)[1:].add_(1),
+    "sum_out": lambda dev: torch.sum(torch.ones(3, 3, 3, device=dev), 0, out=torch.ones(3, 3, device=dev)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAP_CASES))
+def test_internal_overlap_as_on_cpu(name):
+    fn = OVERLAP_CASES[name]
+    expected = _error(fn, torch.device("cpu"))
+    assert _error(fn, lazyxla.device()) == expected
+    if expected is None:
+        torch.manual_seed(0)
+        cpu = fn(torch.device("cpu"))
+        torch.manual_seed(0)
+        assert_same(fn(lazyxla.device()), cpu)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: t.add_(300),
+        lambda t: t.mul_(2**40),
+        lambda t: t.add_(True),
+        lambda t: t.float().sub_(True),
+        lambda t: t.remainder_(7),
+        lambda t: t.bitwise_xor_(5),
+        lambda t: t.masked_fill_(t > 2, 200),
+    ],
+    ids=["uint8_wraps", "int_overflow_wraps", "bool_number", "sub_bool", "remainder", "bitwise", "masked_fill"],
+)
+def test_inplace_numbers_as_on_cpu(fn):
+    """In-place ops with a Python number where the op takes a tensor (a number C++ wraps): PyTorch's values and
+    errors (the in-place kernels of frontend/kernels.py pass the number on as the wrapped number computes)."""
+
+    def run(dev):
+        return fn(torch.arange(6, dtype=torch.uint8, device=dev))
+
+    expected = _error(run, torch.device("cpu"))
+    assert _error(run, lazyxla.device()) == expected
+    if expected is None:
+        assert_same(run(lazyxla.device()), run(torch.device("cpu")))
