@@ -459,6 +459,31 @@ def covers_its_storage(t: torch.Tensor) -> bool:
     return all(type(m).__name__ in _ALIAS_METAS for m in _view_meta_sequence(t))
 
 
+# frontend/layout.py: the view a functionalization wrapper would be on CPU (its strides are its value's, contiguous),
+# replayed from its view metas on a meta tensor of its base's shape
+view_meta_sequence = _view_meta_sequence
+# a view meta's class (``expand_ViewMeta``) and arguments: (reapply_views, [out_index,] symbolic, InverseReturnMode,
+# *the view op's arguments)
+ViewMeta = _C._functionalization.ViewMeta
+InverseReturnMode = _C._functionalization.InverseReturnMode
+
+
+def is_view(t: torch.Tensor) -> bool:
+    """Whether ``t`` is an autograd view of another tensor (``t._base`` is that tensor): one C call."""
+    return t._is_view()
+
+
+def view_base(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``t`` is a view of (PyTorch's ``t._base``), None for a tensor that is no view."""
+    return t._base
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` (with its strides) share one memory location, as PyTorch's kernels decide
+    before they write to ``t`` (``MemOverlap::Yes``: a stride-0 dim of size > 1)."""
+    return torch._debug_has_internal_overlap(t) == 1
+
+
 def accept_wrapped_storage(cls: type) -> None:
     """Let ``TypedStorage.to`` / ``.cpu`` / ``.clone`` wrap a storage of class ``cls`` (a subclass of UntypedStorage):
     PyTorch's ``_new_wrapped_storage`` accepts exactly ``UntypedStorage`` and nothing derived from it."""

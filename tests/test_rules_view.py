@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lazyxla
 from tests.util import check
 
 
@@ -96,16 +97,48 @@ def test_view_reads(name):
         (torch.float32, torch.uint8),
         (torch.float32, torch.float64),
         (torch.int16, torch.bfloat16),
+        (torch.bfloat16, torch.int16),
         (torch.bool, torch.uint8),
         (torch.uint8, torch.bool),
+        (torch.bool, torch.int16),
+        (torch.float32, torch.complex64),
+        (torch.complex64, torch.float32),
+        (torch.float64, torch.complex128),
+        (torch.complex128, torch.float64),
+        (torch.float32, torch.complex128),
+        (torch.complex64, torch.float64),
+        (torch.complex64, torch.int16),
+        (torch.uint8, torch.complex64),
     ],
 )
 def test_view_dtype(src, dtype):
     torch.manual_seed(0)
     # small non-negative integers: their bit patterns are finite floats, so the comparison is exact
     x = torch.randint(0, 2 if torch.bool in (src, dtype) else 1000, (3, 8))
+    if src.is_complex:
+        x = torch.randn(3, 8, dtype=src) * 50
     x = (torch.randn(3, 8) * 50 if src.is_floating_point else x).to(src)
     check(lambda x: x.view(dtype), x)
+
+
+@pytest.mark.parametrize(
+    "src, dtype", [(torch.complex64, torch.float64), (torch.complex128, torch.complex128), (torch.int32, torch.float32)]
+)
+def test_view_dtype_0d(src, dtype):
+    x = torch.tensor(1.5 - 2j if src.is_complex else 7).to(src)
+    check(lambda x: x.view(dtype), x)
+
+
+def test_view_dtype_then_write():
+    """A write through a complex view of a float tensor reaches the float tensor (and back)."""
+
+    def fn(x):
+        x = x.clone()
+        z = x.view(torch.complex64)
+        z.mul_(1j)
+        return x, z.view(torch.float32) + 1
+
+    check(fn, torch.randn(4, 6))
 
 
 def test_view_complex():
@@ -199,3 +232,32 @@ def test_writes_through_views(name):
     fn, args = WRITES[name]
     # in place on a clone, so autograd flows back through the *_scatter ops to the leaves
     check(lambda *a: fn(*(t.clone() for t in a)), *args, grad=True)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.t().view(torch.complex64),
+        lambda x: x[:, 1:].view(torch.float64),
+        lambda x: x[:, :3].view(torch.complex64),
+        lambda x: x.t().view(torch.int32),
+        lambda x: x[::2].view(torch.int16),
+    ],
+    ids=["transposed", "odd_offset", "odd_size", "same_size", "strided_rows"],
+)
+def test_view_dtype_of_a_view_checks_its_layout(fn):
+    """PyTorch checks ``view(dtype)`` against the view's strides and offset (the last stride must be 1, the size
+    and offset divisible): the same errors, or the same values, on lazyxla."""
+
+    def outcome(x):
+        try:
+            return fn(x).cpu()
+        except RuntimeError as e:
+            return str(e)
+
+    x = torch.randn(4, 6)
+    expected, actual = outcome(x), outcome(x.to(lazyxla.device()))
+    if isinstance(expected, str):
+        assert actual == expected
+    else:
+        torch.testing.assert_close(actual, expected)

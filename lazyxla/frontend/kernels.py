@@ -12,7 +12,7 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
-from lazyxla.frontend import autocast, modules, optimizers, registration, storage
+from lazyxla.frontend import autocast, layout, modules, optimizers, registration, storage
 from lazyxla.lazy import check, rng
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
@@ -144,6 +144,8 @@ def _scaled_dot_product_attention(
     return out[0]
 
 
+_is_view = torch_private.is_view  # per in-place op: one C call
+
 # PyTorch's own autograd kernel of copy_ (VariableType's, the same for every backend), taken before
 # lazyxla registers its own at AutogradPrivateUse1 below.
 _AUTOGRAD_COPY = torch_private.computed_kernel("aten::copy_", "AutogradPrivateUse1")
@@ -156,6 +158,8 @@ def _copy_(keyset, self, src, non_blocking=False):
     autograd kernel unchanged."""
     if not on_device(self) and on_device(src):
         return self.copy_(src.to(self.device), non_blocking)
+    if _is_view(self):  # an expanded view: PyTorch's internal-overlap error (frontend/layout.py)
+        layout.check_written(aten.copy_.default, (self, src, non_blocking), {}, (self,))
     return _AUTOGRAD_COPY.call_boxed(keyset, self, src, non_blocking)
 
 
@@ -208,7 +212,24 @@ def _fused_step(name: str):
     return kernel
 
 
+_AUTOGRAD_VIEW_DTYPE = torch_private.computed_kernel("aten::view.dtype", "AutogradPrivateUse1")
+
+
+def _view_dtype(keyset, self, dtype):
+    """``aten::view.dtype`` at AutogradPrivateUse1: PyTorch checks the view's last stride and size on the CPU layout
+    (``x.t().view(torch.complex64)`` raises "self.stride(-1) must be 1 ..."), which a lazyxla view's contiguous
+    strides hide; asked of the layout frontend/layout.py replays, then PyTorch's own kernel runs."""
+    if _is_view(self):
+        cpu = layout.cpu_layout(self)
+        if cpu is not None:
+            aten.view.dtype(cpu, dtype)  # raises PyTorch's error for that layout
+    return _AUTOGRAD_VIEW_DTYPE.call_boxed(keyset, self, dtype)
+
+
+_view_dtype.with_keyset = True
+
 AUTOGRAD_KERNELS = {
+    "view.dtype": _view_dtype,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,
     "copy_": _copy_,
@@ -224,12 +245,17 @@ AUTOGRAD_KERNELS = {
 
 
 def _out_kernel(name: str, original):
-    op = None
+    op = outs = None
 
     def kernel(keyset, *args, **kwargs):
-        nonlocal op
-        op = op or _overload(name)  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
+        nonlocal op, outs
+        if op is None:  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
+            op = _overload(name)
+            outs = [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.is_out]
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
+        written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
+        if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
+            layout.check_written(op, args, kwargs, written)
         args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
 
@@ -286,6 +312,110 @@ def _out_kernels() -> dict:
 
 
 AUTOGRAD_KERNELS.update(_out_kernels())
+
+# In-place ops: PyTorch's kernels refuse to write to a tensor whose elements share memory (an expanded view), but
+# a lazyxla view's strides are contiguous and functionalization wrote the view's sum back to its base. A kernel at
+# AutogradPrivateUse1 for every aten in-place op asks frontend/layout.py when ``self`` is a view (one C call for
+# any other tensor), then runs PyTorch's own autograd kernel.
+
+
+def _inplace_kernel(name: str, original):
+    op = tensors = None
+
+    def kernel(keyset, self, *args, **kwargs):
+        nonlocal op, tensors
+        if op is None:
+            op = _overload(name)
+            tensors = {a.name for a in op._schema.arguments if _is_tensor_arg(a)}
+        if _is_view(self):
+            layout.check_written(op, (self, *args), kwargs, (self,))
+        for a in args:
+            if type(a) in _NUMBER:  # ``x.add_(1)``: a number C++ wrapped as a tensor
+                scalar_op, args, kwargs = _wrapped_numbers(op, tensors, args, kwargs)
+                if scalar_op is not op:  # its Scalar overload: dispatched from the top (our kernel of it included)
+                    return scalar_op(self, *args, **kwargs)
+                break
+        return original.call_boxed(keyset, self, *args, **kwargs)
+
+    kernel.with_keyset = True
+    return kernel
+
+
+def _wrapped_numbers(op, tensors: set, args: tuple, kwargs: dict) -> tuple:
+    """``(op, args, kwargs)`` for a call whose ``args``/``kwargs`` (after ``self``) hold a Python number at a
+    ``Tensor`` argument (C++ wrapped it; a Python kernel sees the number, which a boxed call refuses).
+
+    The op's overload that takes a ``Scalar`` there (``add_.Scalar`` for ``add_.Tensor``) computes exactly what the
+    wrapped number did (PyTorch's Scalar overloads wrap it) and records it as a Python number. An op without one
+    gets ``torch.tensor(number)``: a 0-d tensor promotes as the wrapped number against ``self``, which has dims (the
+    dtype's category decides, not its width: ``uint8.add_(300)`` wraps to 45 as on the CPU)."""
+    names = [a.name for a in op._schema.arguments[1:]]
+    numbers = frozenset(
+        [n for n, a in zip(names, args) if type(a) in _NUMBER and n in tensors]
+        + [k for k, v in kwargs.items() if type(v) in _NUMBER and k in tensors]
+    )
+    scalar_op = _scalar_overload(op, numbers)
+    if scalar_op is not None:
+        return scalar_op, args, kwargs
+    args = tuple(torch.tensor(a) if type(a) in _NUMBER and n in numbers else a for n, a in zip(names, args))
+    return op, args, {k: torch.tensor(v) if k in numbers else v for k, v in kwargs.items()}
+
+
+_scalar_overloads: dict = {}  # (op, names of its Tensor arguments given numbers) -> its Scalar overload, or None
+
+
+def _scalar_overload(op, names: frozenset):
+    key = (op, names)
+    if key not in _scalar_overloads:
+        want = [(a.name, "number" if a.name in names else str(a.type)) for a in op._schema.arguments]  # Scalar
+        packet = getattr(aten, op._schema.name.removeprefix("aten::"))
+        found = None
+        for overload in packet.overloads():
+            other = getattr(packet, overload)
+            if [(a.name, str(a.type)) for a in other._schema.arguments] == want:
+                found = other
+        _scalar_overloads[key] = found
+    return _scalar_overloads[key]
+
+
+def _writes_self(schema) -> bool:
+    """An aten op that writes its first argument, a single tensor, and no out= argument: ``add_``, ``normal_``."""
+    args = schema.arguments
+    return (
+        schema.name.startswith("aten::")
+        and schema.name.endswith("_")
+        and not schema.name.startswith("aten::_foreach_")
+        and bool(args)
+        and str(args[0].type) == "Tensor"
+        and args[0].alias_info is not None
+        and args[0].alias_info.is_write
+        and not any(a.is_out for a in args)
+    )
+
+
+def _inplace_kernels() -> dict:
+    kernels = {}
+    for schema in torch_private.all_schemas():
+        name = schema.name.removeprefix("aten::") + ("." + schema.overload_name if schema.overload_name else "")
+        if not _writes_self(schema) or name in AUTOGRAD_KERNELS or schema.name in _METADATA_INPLACE:
+            continue
+        qualified = schema.name + ("." + schema.overload_name if schema.overload_name else "")
+        try:
+            original = torch_private.computed_kernel(qualified, "AutogradPrivateUse1")
+        except RuntimeError:  # a TorchScript builtin (aten::_no_grad_normal_): no dispatcher op to override
+            continue
+        if torch.Tag.inplace_view in _overload(name).tags:  # t_, squeeze_, as_strided_: a view's metadata
+            continue
+        kernels[name] = _inplace_kernel(name, original)
+    return kernels
+
+
+# in-place ops that change what a tensor is, not its elements' values
+_METADATA_INPLACE = frozenset(
+    {"aten::set_", "aten::resize_", "aten::resize_as_", "aten::detach_", "aten::requires_grad_"}
+)
+
+AUTOGRAD_KERNELS.update(_inplace_kernels())
 
 # PyTorch's functionalization kernel of ``aten::_to_copy`` (what ``Tensor.to(dtype)``, ``.float()``,
 # ``.bfloat16()`` run) wraps its result again only for the XLA and Lazy device types; for any other device it

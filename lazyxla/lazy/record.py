@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lazyxla.device.devices import torch_device
-from lazyxla.lazy import bounds
+from lazyxla.lazy import bounds, indices
 from lazyxla.lazy.decompose import (
     NO_RULE,
     decomposed,
@@ -76,7 +76,8 @@ def _check_devices(args, kwargs) -> None:
 
 
 # id(op) -> (special handler or None, whether it has a rule, (Scalar positions, Scalar keyword names), whether
-# it may be computed on the host from known values, its index bounds check or None):
+# it may be computed on the host from known values, its index bounds check or None, its advanced indices' preparation
+# or None):
 # one int-keyed lookup per op instead of several dict lookups that each hash the OpOverload in Python.
 _routes: dict = {}
 
@@ -84,7 +85,7 @@ _routes: dict = {}
 def _route(func) -> tuple:
     special = SPECIAL.get(func)
     foldable = (special is None and func in RULES) or func in FOLDABLE_SPECIAL  # lazy/known.py may compute it
-    route = (special, func in RULES, scalar_args(func), foldable, bounds.checker(func))
+    route = (special, func in RULES, scalar_args(func), foldable, bounds.checker(func), indices.preparer(func))
     _routes[id(func)] = route
     return route
 
@@ -93,6 +94,8 @@ def dispatch(func, args, kwargs):
     """Run one aten op on LazyTensors (below functionalization): handled, recorded, rewritten or run on
     the CPU, in the order of this module's docstring; returns its LazyTensor output(s)."""
     route = _routes.get(id(func)) or _route(func)
+    if route[5] is not None:  # x[i], x[mask]: CPU indices, byte masks and known masks as PyTorch's kernels take them
+        args, kwargs = route[5](func, args, kwargs, dispatch)
     if route[4] is not None and not bounds.inside():  # an op that reads indices: checked, then dispatched
         return route[4](func, args, kwargs, dispatch)
     if route[3]:

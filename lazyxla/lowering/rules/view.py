@@ -52,15 +52,35 @@ def _reshape(ctx, x, *_, **__):
 
 @lowers(aten.view_copy.dtype, aten.view.dtype)
 def _view_dtype(ctx, x, dtype):
-    """A bitcast; between sizes the last dimension is split or merged, as PyTorch does."""
+    """A bitcast; between sizes the last dimension is split or merged, as PyTorch does. A complex number is its
+    real and imaginary parts side by side (PyTorch's layout), a bool one byte; XLA's bitcast takes neither, so
+    they are bitcast as floats of half the width and as ``uint8``."""
+    want = np.dtype(ctx.dtype)
     if x.dtype == np.bool_:
         x = x.astype(np.uint8)
-    want = np.uint8 if ctx.dtype == np.bool_ else ctx.dtype
-    src, dst = np.dtype(x.dtype).itemsize, np.dtype(want).itemsize
+    elif jnp.iscomplexobj(x):  # [..., n] complex -> [..., 2n] of its parts
+        x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).reshape(*x.shape[:-1], -1) if x.ndim else _parts(x)
+    if want.kind == "c":
+        parts = _bitcast(x, np.dtype(f"f{want.itemsize // 2}"))
+        pairs = parts.reshape(*parts.shape[:-1], -1, 2)
+        return lax.complex(pairs[..., 0], pairs[..., 1]).reshape(ctx.shape)
+    out = _bitcast(x, np.dtype(np.uint8) if want == np.bool_ else want)
+    return out.reshape(ctx.shape).astype(ctx.dtype)
+
+
+def _parts(z):
+    """A 0-d complex number as the vector of its real and imaginary parts."""
+    return jnp.stack([jnp.real(z), jnp.imag(z)])
+
+
+def _bitcast(x, want: np.dtype):
+    """``x`` (neither complex nor bool) bitcast to ``want``, its last dimension grown or shrunk by the ratio of the
+    sizes (a 0-d ``x`` of the same size stays 0-d)."""
+    src, dst = np.dtype(x.dtype).itemsize, want.itemsize
     if src < dst:  # merge groups of the last dimension
         x = x.reshape(*x.shape[:-1], x.shape[-1] * src // dst, dst // src)
     out = lax.bitcast_convert_type(x, want)
-    return out.reshape(ctx.shape).astype(ctx.dtype)
+    return out.reshape(*out.shape[:-2], -1) if src > dst else out
 
 
 @lowers(aten.expand_copy.default, aten.expand.default)

@@ -1,0 +1,172 @@
+"""The layout a lazyxla view would have on the CPU, and PyTorch's check of a written tensor's layout.
+
+A lazyxla tensor is a functionalization wrapper whose strides are its value's, contiguous whatever view it is:
+``x.expand(3, 3)`` reports strides (3, 1), not (0, 1). PyTorch's kernels refuse to write to a tensor in which
+several elements share one memory location (``torch.ones(3).expand(3, 3).add_(1)``: "unsupported operation: more
+than one element of the written-to tensor refers to a single memory location"); on lazyxla, functionalization
+wrote the sum of the view's elements back to the base instead (4s, no error). Functionalization keeps the ops a
+view was made by (its view metas): replayed on a meta tensor of its base's shape, they give the sizes, strides and
+offset the view has on the CPU (``cpu_layout``).
+
+``check_written`` runs in the AutogradPrivateUse1 kernels of in-place and ``out=`` ops (frontend/kernels.py). A
+written tensor that is no view costs one C call; a view costs its view-meta list, and only a chain holding an
+``expand`` or ``as_strided`` (the views that make a stride 0) is replayed. When the replayed layout overlaps,
+PyTorch's CPU kernel runs once on stand-ins of that layout and its overlap error, if it raises one, is raised at
+the call (not every op checks: ``fill_`` and ``index_put_`` write to an expanded tensor). Memoized per op and
+view chain.
+
+Example::
+
+    torch.ones(3, device=dev).expand(3, 3).add_(1)    # RuntimeError: unsupported operation: more than one ...
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from lazyxla import torch_private
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+_OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+# view metas whose op can give a stride 0 (every overlap starts with one of them)
+_STRIDE_0 = frozenset({"expand_ViewMeta", "as_strided_ViewMeta"})
+_LIMIT = 10_000  # memo entries before starting over (chains that keep changing)
+_layouts: dict = {}  # (base shape, dtype, chain) -> a meta tensor with the view's CPU layout, or None
+_verdicts: dict = {}  # (id(op), base shape, dtype, chain) -> the CPU's overlap error message, or None
+_ops: dict = {}  # view meta class name -> the view op it replays
+
+
+def cpu_layout(t: torch.Tensor) -> torch.Tensor | None:
+    """A meta tensor with the sizes, strides and storage offset the lazyxla view ``t`` would have on the CPU; None
+    where its base is not known (a view of a view of part of a storage, ...).
+
+    Example::
+
+        cpu_layout(torch.ones(3, 1, device=dev).expand(3, 4)).stride()     # (1, 0)
+    """
+    key = _key(t)
+    return None if key is None else _layout(key)
+
+
+def check_written(op, args: tuple, kwargs: dict, written) -> None:
+    """Raise PyTorch's internal-overlap error if ``op`` (an in-place or out= overload) writes to a tensor of
+    ``written`` whose CPU layout has elements sharing a memory location and PyTorch's CPU kernel refuses it.
+
+    Example::
+
+        check_written(aten.add_.Tensor, (y, 1), {}, (y,))      # y = x.expand(3, 3): raises
+    """
+    for t in written:
+        if not (isinstance(t, torch.Tensor) and torch_private.is_view(t)):
+            continue
+        if not any(type(m).__name__ in _STRIDE_0 for m in torch_private.view_meta_sequence(t)):
+            continue
+        key = _key(t)
+        if key is None:
+            continue
+        verdict_key = (id(op), *key)
+        if verdict_key not in _verdicts:
+            _remember(_verdicts, verdict_key, _cpu_verdict(op, args, kwargs, t, _layout(key)))
+        message = _verdicts[verdict_key]
+        if message is not None:
+            raise RuntimeError(message)
+
+
+def _key(t: torch.Tensor) -> tuple | None:
+    """(base shape, dtype, view chain) of ``t``: what its CPU layout depends on; None for an unknown base."""
+    chain = torch_private.view_meta_sequence(t)
+    if not chain:
+        return (tuple(t.shape), t.dtype, ())
+    base = torch_private.view_base(t)
+    if base is None or not torch_private.covers_its_storage(base):
+        return None
+    return (tuple(base.shape), base.dtype, tuple((type(m).__name__, _hashable(m.as_tuple())) for m in chain))
+
+
+def _hashable(x):
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(e) for e in x)
+    return x
+
+
+def _layout(key: tuple) -> torch.Tensor | None:
+    found = _layouts.get(key, False)
+    if found is False:
+        found = _replay(key)
+        _remember(_layouts, key, found)
+    return found
+
+
+def _replay(key: tuple) -> torch.Tensor | None:
+    shape, dtype, chain = key
+    t = torch.empty(shape, dtype=dtype, device=_META)
+    try:
+        for name, fields in chain:
+            # fields: reapply_views, [out_index,] symbolic, InverseReturnMode, *the op's arguments
+            at = next(i for i, f in enumerate(fields) if isinstance(f, torch_private.InverseReturnMode))
+            op = _op(name)
+            args, kwargs = [t], {}
+            for a, v in zip(op._schema.arguments[1:], fields[at + 1 :]):  # the op's arguments after self, in order
+                if a.kwarg_only:
+                    kwargs[a.name] = v
+                else:
+                    args.append(v)
+            out = op(*args, **kwargs)
+            t = out[fields[1]] if at == 3 else out
+    except Exception:  # a view op this replay does not know how to call: no layout, no check
+        return None
+    return t
+
+
+def _op(name: str):
+    """``aten.slice.Tensor`` for ``slice_Tensor_ViewMeta``, ``aten.t.default`` for ``t_ViewMeta``."""
+    op = _ops.get(name)
+    if op is None:
+        stem = name.removesuffix("_ViewMeta")
+        packet, _, overload = stem.rpartition("_")
+        if packet and hasattr(aten, packet) and overload in getattr(aten, packet).overloads():
+            op = getattr(getattr(aten, packet), overload)
+        else:
+            op = getattr(aten, stem).default
+        _ops[name] = op
+    return op
+
+
+def _cpu_verdict(op, args: tuple, kwargs: dict, written: torch.Tensor, layout: torch.Tensor | None) -> str | None:
+    """PyTorch's CPU overlap error for ``op`` writing to a tensor of ``layout``, asked on stand-ins; None if it
+    raises none (or the layout is unknown)."""
+    if layout is None or not torch_private.has_internal_overlap(layout):
+        return None
+    extent = 1 + layout.storage_offset() + sum((n - 1) * s for n, s in zip(layout.shape, layout.stride()) if n)
+    target = torch.zeros(extent, dtype=layout.dtype).as_strided(layout.shape, layout.stride(), layout.storage_offset())
+
+    def stand_in(x):
+        if x is written:
+            return target
+        if isinstance(x, torch.Tensor):
+            return torch.zeros(x.shape, dtype=x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(stand_in(e) for e in x)
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.no_grad():
+            warnings.simplefilter("ignore")  # the CPU's deprecation warnings for stand-ins are not the user's
+            op(*stand_in(args), **{k: stand_in(v) for k, v in kwargs.items()})
+    except RuntimeError as e:
+        if _OVERLAP in str(e):
+            return str(e).split("\n")[0]
+    except Exception:  # the stand-ins' values are not the user's: no other error is PyTorch's answer here
+        pass
+    return None
+
+
+def _remember(memo: dict, key, value) -> None:
+    if len(memo) >= _LIMIT:
+        memo.clear()
+    memo[key] = value

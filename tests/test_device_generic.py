@@ -1,0 +1,221 @@
+"""What PyTorch's device-generic tests expect of a device, against CPU eager (issue 26, point 8): CPU index tensors
+and masks in advanced indexing (as CUDA takes them), byte masks, writes into internally overlapping tensors, ``out=``
+tensors that need resizing."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import lazyxla
+from lazyxla.observe import metrics
+from tests.util import assert_same
+
+
+def _x(*shape, dtype=torch.float32):
+    return torch.arange(float(torch.Size(shape).numel())).reshape(shape).to(dtype)
+
+
+def _clone_set(key, value):
+    def fn(x):
+        y = x.clone()
+        y[key] = value
+        return y
+
+    return fn
+
+
+_MASK = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, False]])
+
+# name -> (fn(x) with CPU index tensors in it, x): on lazyxla, x is moved to the device and the indices stay on the CPU
+CPU_INDEX_CASES = {
+    "read_list": (lambda x: x[torch.tensor([0, 3])], _x(10)),
+    "read_negative": (lambda x: x[torch.tensor([-1, 0, -1])], _x(10)),
+    "read_2d": (lambda x: x[:, torch.tensor([[0, 1], [3, 3]])], _x(3, 4)),
+    "read_pair": (lambda x: x[torch.tensor([0, 2]), torch.tensor([1, 3])], _x(3, 4)),
+    "read_0d": (lambda x: x[torch.tensor(2), torch.tensor([1, 3])], _x(3, 4)),
+    "read_mask": (lambda x: x[torch.arange(10) > 5], _x(10)),
+    "read_mask_2d": (lambda x: x[_MASK], _x(3, 4, 2)),
+    "read_mask_after": (lambda x: x[:, torch.tensor([True, False, True, True])], _x(3, 4)),
+    "read_mask_then_index": (lambda x: x[torch.tensor([True, False, True]), torch.tensor([0, 3])], _x(3, 4)),
+    "read_empty_mask": (lambda x: x[torch.zeros(10, dtype=torch.bool)], _x(10)),
+    "read_large_mask": (lambda x: x[torch.arange(5000) % 3 == 0], _x(5000)),
+    "read_large_index": (lambda x: x[torch.arange(4999, -1, -2)], _x(5000)),
+    "index_put_": (lambda x: x.clone().index_put_((torch.tensor([1]),), torch.tensor(5.0)), _x(10)),
+    "index_put_accumulate": (
+        lambda x: x.clone().index_put_((torch.tensor([1, 1, 4]),), torch.tensor(5.0), accumulate=True),
+        _x(10),
+    ),
+    "setitem": (_clone_set(torch.tensor([1, 2]), 7.0), _x(10)),
+    "setitem_mask": (_clone_set(torch.arange(10) > 5, 0.0), _x(10)),
+    "setitem_mask_2d": (_clone_set(_MASK, -1.0), _x(3, 4)),
+    "setitem_int_dtype": (_clone_set(torch.tensor([0, 2], dtype=torch.int32), 9), _x(4, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CPU_INDEX_CASES))
+def test_cpu_index_tensors_as_on_cuda(name):
+    fn, x = CPU_INDEX_CASES[name]
+    assert_same(fn(x.to(lazyxla.device())), fn(x))
+
+
+def test_cpu_index_values_are_known_no_sync():
+    """A CPU index or mask is host data: indexing with it compiles nothing until the result is read, and the
+    positions a CPU mask selects are found on the host (no CPU fallback of the read, no sync)."""
+    x = torch.randn(10, device=lazyxla.device())
+    before = metrics.counters()
+    y = x[torch.arange(10) > 5] * 2 + x[torch.tensor([0, 3])].sum()
+    after = metrics.counters()
+    assert after.get("syncs", 0) == before.get("syncs", 0)
+    assert after.get("fallback.aten.index.Tensor", 0) == before.get("fallback.aten.index.Tensor", 0)
+    cpu = x.cpu()
+    assert_same(y, cpu[torch.arange(10) > 5] * 2 + cpu[torch.tensor([0, 3])].sum())
+
+
+def _error(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:  # the exception PyTorch raises, to compare type and message
+        return type(e), str(e).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[torch.tensor([0, 10])],
+        lambda x: x[torch.tensor([True, False])],
+        lambda x: x[torch.ones(2, 5, dtype=torch.bool)],
+        lambda x: x.clone().index_put_((torch.tensor([11]),), torch.tensor(1.0)),
+        lambda x: x.clone().index_put_((torch.arange(10) > 5,), torch.ones(3, device=x.device)),
+        lambda x: x[torch.tensor([0.0])],
+    ],
+    ids=[
+        "out_of_range",
+        "mask_too_short",
+        "mask_too_many_dims",
+        "put_out_of_range",
+        "put_values_mismatch",
+        "float_index",
+    ],
+)
+def test_cpu_index_errors_as_on_cpu(fn):
+    expected = _error(fn, _x(10))
+    assert expected is not None
+    assert _error(fn, _x(10).to(lazyxla.device())) == expected
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, i: x.index_select(0, i), lambda x, i: x.gather(0, i)],
+    ids=["index_select", "gather"],
+)
+def test_cpu_index_refused_where_cuda_refuses(fn):
+    """CUDA's ``index_select`` and ``gather`` take no CPU index tensor; neither does lazyxla."""
+    with pytest.raises(RuntimeError, match="same device"):
+        fn(_x(10).to(lazyxla.device()), torch.tensor([1, 2]))
+
+
+# ---- uint8 masks: deprecated in PyTorch, still taken (with a warning) ----
+
+UINT8_CASES = {
+    "read_device_mask": lambda x, dev: x[(x > 5).to(torch.uint8)],
+    "read_cpu_mask": lambda x, dev: x[(torch.arange(10) > 5).to(torch.uint8)],
+    "read_known_mask": lambda x, dev: x[(torch.arange(10, device=dev) % 3 == 0).to(torch.uint8)],
+    "read_nonbinary": lambda x, dev: x[torch.tensor([0, 2, 0, 7, 0, 0, 1, 0, 0, 0], dtype=torch.uint8, device=dev)],
+    "setitem_device_mask": lambda x, dev: x.clone().index_put_(
+        ((x > 5).to(torch.uint8),), torch.tensor([-1.0, -2.0, -3.0, -4.0], device=dev)
+    ),
+    "setitem_known_mask": lambda x, dev: _clone_set(
+        (torch.arange(10, device=dev) < 3).to(torch.uint8), torch.tensor([7.0, 8.0, 9.0], device=dev)
+    )(x),
+}
+
+
+# a read through a device mask the host does not know runs on the CPU (its shape depends on the data)
+@pytest.mark.allow_fallback("aten.index.Tensor")
+@pytest.mark.parametrize("name", sorted(UINT8_CASES))
+def test_uint8_masks(name):
+    fn = UINT8_CASES[name]
+    dev = lazyxla.device()
+    with warnings.catch_warnings(record=True) as cpu_warnings:
+        warnings.simplefilter("always")
+        expected = fn(_x(10), torch.device("cpu"))
+    with warnings.catch_warnings(record=True) as dev_warnings:
+        warnings.simplefilter("always")
+        actual = fn(_x(10).to(dev), dev)
+    assert_same(actual, expected)
+
+    def deprecations(ws):
+        return [str(w.message).split(" (Triggered")[0] for w in ws if "torch.uint8 is now deprecated" in str(w.message)]
+
+    assert deprecations(dev_warnings) == deprecations(cpu_warnings)
+    assert all(w.filename == __file__ for w in dev_warnings if "uint8" in str(w.message))
+
+
+# ---- writes into internally overlapping tensors (an expanded view): PyTorch's error at the call ----
+
+
+def _expanded(dev):
+    return torch.ones(3, device=dev).expand(3, 3)
+
+
+OVERLAP_CASES = {
+    "add_": lambda dev: _expanded(dev).add_(1),
+    "mul_tensor": lambda dev: _expanded(dev).mul_(torch.ones(3, 3, device=dev)),
+    "copy_": lambda dev: _expanded(dev).copy_(torch.zeros(3, 3, device=dev)),
+    "exp_": lambda dev: _expanded(dev).exp_(),
+    "normal_": lambda dev: _expanded(dev).normal_(),
+    "clamp_": lambda dev: _expanded(dev).clamp_(0, 0.5),
+    "transposed": lambda dev: _expanded(dev).t().add_(1),
+    "column": lambda dev: _expanded(dev)[:, 0].add_(1),
+    "new_dims": lambda dev: torch.ones(3, device=dev).expand(2, 3, 3)[1].sub_(1),
+    "as_strided": lambda dev: torch.ones(4, 4, device=dev).as_strided((2, 2), (0, 1)).mul_(2),
+    "out_add": lambda dev: torch.add(torch.ones(3, 3, device=dev), 1, out=_expanded(dev)),
+    "out_mm": lambda dev: torch.mm(torch.ones(3, 3, device=dev), torch.ones(3, 3, device=dev), out=_expanded(dev)),
+    # CPU accepts these
+    "row": lambda dev: _expanded(dev)[0].add_(1),
+    "size_1_dims": lambda dev: torch.ones(3, 1, device=dev).expand(3, 1).add_(1),
+    "slice": lambda dev: torch.ones(4, 4, device=dev)[1:].add_(1),
+    "sum_out": lambda dev: torch.sum(torch.ones(3, 3, 3, device=dev), 0, out=torch.ones(3, 3, device=dev)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAP_CASES))
+def test_internal_overlap_as_on_cpu(name):
+    fn = OVERLAP_CASES[name]
+    expected = _error(fn, torch.device("cpu"))
+    assert _error(fn, lazyxla.device()) == expected
+    if expected is None:
+        torch.manual_seed(0)
+        cpu = fn(torch.device("cpu"))
+        torch.manual_seed(0)
+        assert_same(fn(lazyxla.device()), cpu)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: t.add_(300),
+        lambda t: t.mul_(2**40),
+        lambda t: t.add_(True),
+        lambda t: t.float().sub_(True),
+        lambda t: t.remainder_(7),
+        lambda t: t.bitwise_xor_(5),
+        lambda t: t.masked_fill_(t > 2, 200),
+    ],
+    ids=["uint8_wraps", "int_overflow_wraps", "bool_number", "sub_bool", "remainder", "bitwise", "masked_fill"],
+)
+def test_inplace_numbers_as_on_cpu(fn):
+    """In-place ops with a Python number where the op takes a tensor (a number C++ wraps): PyTorch's values and
+    errors (the in-place kernels of frontend/kernels.py pass the number on as the wrapped number computes)."""
+
+    def run(dev):
+        return fn(torch.arange(6, dtype=torch.uint8, device=dev))
+
+    expected = _error(run, torch.device("cpu"))
+    assert _error(run, lazyxla.device()) == expected
+    if expected is None:
+        assert_same(run(lazyxla.device()), run(torch.device("cpu")))
