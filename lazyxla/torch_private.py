@@ -443,11 +443,6 @@ _view_meta_sequence = _C._functionalization.get_view_meta_sequence
 _ALIAS_METAS = frozenset({"detach_ViewMeta", "alias_ViewMeta", "lift_fresh_ViewMeta"})
 
 
-def view_base(t: torch.Tensor) -> torch.Tensor | None:
-    """The tensor ``t`` is a view of, as autograd tracks it (``Tensor._base``), or None."""
-    return t._base
-
-
 def covers_its_storage(t: torch.Tensor) -> bool:
     """Whether the functionalization wrapper ``t`` holds its whole storage in order: the storage's base, or an alias
     of it (``detach()``, a ``Parameter``), not a view of a part or another layout.
