@@ -81,8 +81,8 @@ class Limits:
     """Time bounds in seconds: one test, one file (each device's run), the whole run."""
 
     test: float = 180.0
-    file: float = 1200.0
-    budget: float = 3000.0
+    file: float = 3600.0
+    budget: float = 5400.0
     deadline: float = dataclasses.field(default=float("inf"), repr=False)  # monotonic time the budget ends
 
 
