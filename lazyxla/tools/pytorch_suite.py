@@ -505,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--update-doc", action="store_true", help=f"write the results into {DOC.name}")
     parser.add_argument("--doc-only", action="store_true", help="rewrite the doc from the saved results")
     args = parser.parse_args(argv)
+    # a terminated run still ends its pytest process group (``run_device``'s ``finally``), as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else None
     if args.doc_only:
         if previous is None:
@@ -535,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": _commit(),
         "torch": _torch_version(),
         "machine": _machine(),
-        "tests": "../shared/pytorch-tests" if tests == DEFAULT_TESTS.resolve() else str(tests),
+        "tests": f"…/{tests.parent.name}/{tests.name}",  # not this machine's absolute path
         "match": args.match,
         "seconds": round(time.monotonic() - start, 1),
         "files": _merge(previous if args.keys else None, rows),

@@ -66,7 +66,7 @@ _NORMALISE = (
     (re.compile(r"torch\.(float|int|uint|bool|complex|bfloat|half|double|long|short)\w*"), "torch.DTYPE"),
     (re.compile(r"\b(b?float|u?int|complex)\d+\b|\bbool\b"), "DTYPE"),
     (re.compile(r"'[^']{40,}'"), "'…'"),
-    (re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e-?\d+)?"), "N"),
+    (re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e-?\d+)?(?!-dim)"), "N"),  # "0-dim" stays: it is the cause
     (re.compile(r"lazyxla:N|cpu:N"), "DEV"),
     (re.compile(r"\[N(, N)*\]|\(N(, N)*,?\)"), "SHAPE"),
     (re.compile(r"\s+"), " "),
