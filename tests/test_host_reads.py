@@ -204,5 +204,7 @@ def test_all_keeps_the_inputs_a_pending_cat_reads(dev):
 
 def test_host_read_computes_rejects_unknown_values(dev):
     x = torch.ones(2).to(dev) + 1
-    with lazyxla.config.override(host_read_computes="everything"), pytest.raises(ValueError, match="needed"):
+    # refused where it is set (config's choices), not first at the read
+    with pytest.raises(ValueError, match="needed"), lazyxla.config.override(host_read_computes="everything"):
         x.sum().item()
+    assert lazyxla.config.host_read_computes == "needed" and x.sum().item() == 4.0
