@@ -256,6 +256,7 @@ def _out_kernel(name: str, original):
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
         if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
+            layout.check_out_views(op, args, kwargs, written)
         args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
 
