@@ -282,3 +282,18 @@ def test_out_view_that_needs_resizing_says_so():
         torch.add(a, b, out=base[:4])
     torch.add(a, b, out=base[:6].view(2, 3))  # the right shape: written through to the base, as on the CPU
     assert_same(base, torch.cat([torch.arange(1.0, 7.0), torch.zeros(6)]))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[:, [0, 1]],
+        lambda x: x[:, torch.tensor([0])],
+        lambda x: x.clone().index_put_((torch.tensor([1]), torch.tensor([0])), torch.tensor(1.0)),
+    ],
+    ids=["list", "cpu_tensor", "index_put"],
+)
+def test_index_into_an_empty_dim_as_on_cpu(fn):
+    expected = _error(fn, torch.empty(10, 0))
+    assert expected == (IndexError, "index is out of bounds for dimension with size 0")
+    assert _error(fn, torch.empty(10, 0, device=lazyxla.device())) == expected
