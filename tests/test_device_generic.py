@@ -297,3 +297,15 @@ def test_index_into_an_empty_dim_as_on_cpu(fn):
     expected = _error(fn, torch.empty(10, 0))
     assert expected == (IndexError, "index is out of bounds for dimension with size 0")
     assert _error(fn, torch.empty(10, 0, device=lazyxla.device())) == expected
+
+
+@pytest.mark.parametrize(
+    "index",
+    [lambda dev: torch.tensor([1, 2], device=dev), lambda dev: torch.arange(5, device=dev) > 2],
+    ids=["integer", "mask"],
+)
+def test_a_cpu_tensor_indexed_by_device_indices_raises_as_on_cuda(index):
+    """CUDA refuses ``cpu_tensor[cuda_index]``: "indices should be either on cpu or on the same device as the
+    indexed tensor (cpu)"; the same for lazyxla indices."""
+    with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
+        torch.arange(5.0)[index(lazyxla.device())]

@@ -64,16 +64,19 @@ def prepare(func, args, kwargs, run) -> tuple[tuple, dict]:
     """
     in_args = len(args) > 1
     indices = args[1] if in_args else kwargs["indices"]
+    x = args[0] if args else kwargs["self"]
+    if type(x) is not LazyTensor:  # a CPU tensor indexed by lazyxla tensors: PyTorch's error (as for CUDA indices)
+        raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor ({x.device})")
     if all(i is None or (type(i) is LazyTensor and i.dtype not in _MASKS) for i in indices):
         return args, kwargs  # the common case: integer indices already on the device
-    new = _expanded(args[0] if args else kwargs["self"], indices, func, run)
+    new = _expanded(x, indices, func, run)
     if in_args:
         return (args[0], new, *args[2:]), kwargs
     return args, {**kwargs, "indices": new}
 
 
 def _expanded(x, indices, func, run) -> list:
-    device = x._value[0].device if type(x) is LazyTensor else 0
+    device = x._value[0].device
     out: list = []
     for i in indices:
         if i is None:
