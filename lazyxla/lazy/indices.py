@@ -105,7 +105,8 @@ def _positions(x, mask: torch.Tensor, at: int, indices, func) -> list:
 
 
 def _raise_as_cpu(x, indices, func) -> None:
-    """Raise the error PyTorch's CPU kernel raises for these indices' shapes (on stand-ins that hold no data)."""
+    """Raise the error PyTorch's CPU kernel raises for these indices' shapes (on stand-ins that hold no data): the
+    mask's shape does not fit ``x``'s dims from its position on."""
 
     def stand_in(t):
         if t is None:
@@ -117,4 +118,6 @@ def _raise_as_cpu(x, indices, func) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the uint8 warning was given once, at the call
         aten.index.Tensor(cpu_x, [stand_in(t) for t in indices])
-    raise IndexError(f"{func}: the mask's shape does not match the indexed tensor's {list(x.shape)}")
+    raise IndexError(  # (PyTorch's kernel refused it above; this is for a torch that stops refusing it)
+        f"{func}: a mask's shape does not match the shape of the indexed tensor {list(x.shape)} where it indexes it"
+    )
