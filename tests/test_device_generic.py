@@ -219,3 +219,93 @@ def test_inplace_numbers_as_on_cpu(fn):
     assert _error(run, lazyxla.device()) == expected
     if expected is None:
         assert_same(run(lazyxla.device()), run(torch.device("cpu")))
+
+
+# ---- out= tensors that need resizing: PyTorch's result, shape and resize warning ----
+
+
+def _e(dev, *shape, dtype=torch.float32):
+    return torch.empty(*shape, device=dev, dtype=dtype)
+
+
+def _ab(dev):
+    return torch.arange(6.0, device=dev).reshape(2, 3), torch.ones(2, 3, device=dev)
+
+
+OUT_CASES = {
+    "add_empty": lambda dev, a, b: torch.add(a, b, out=_e(dev, 0)),
+    "add_wrong": lambda dev, a, b: torch.add(a, b, out=_e(dev, 5)),
+    "cat_empty": lambda dev, a, b: torch.cat([a, b], out=_e(dev, 0)),
+    "cat_wrong": lambda dev, a, b: torch.cat([a, b], 1, out=_e(dev, 3)),
+    "sum_dim": lambda dev, a, b: torch.sum(a, 1, out=_e(dev, 5)),
+    "sum_keepdim": lambda dev, a, b: torch.sum(a, 1, keepdim=True, out=_e(dev, 0)),
+    "mm_empty": lambda dev, a, b: torch.mm(a, b.t(), out=_e(dev, 0)),
+    "index_select": lambda dev, a, b: torch.index_select(a, 1, torch.tensor([0, 2], device=dev), out=_e(dev, 7)),
+    "sort": lambda dev, a, b: torch.sort(a, descending=True, out=(_e(dev, 2), _e(dev, 9, dtype=torch.long))),
+    "max_dim": lambda dev, a, b: torch.max(a, 1, out=(_e(dev, 0), _e(dev, 0, dtype=torch.long))),
+    "stack": lambda dev, a, b: torch.stack([a, b], out=_e(dev, 0)),
+    "where": lambda dev, a, b: torch.where(a > 2, a, b, out=_e(dev, 1)),
+    "nonzero": lambda dev, a, b: torch.nonzero(a > 2, out=_e(dev, 0, dtype=torch.long)),
+    "out_int_dtype": lambda dev, a, b: torch.add(a, b, out=_e(dev, 0, dtype=torch.long)),
+}
+
+
+@pytest.mark.allow_fallback()  # nonzero's out= overload runs on the CPU
+@pytest.mark.parametrize("name", sorted(OUT_CASES))
+def test_out_resized_as_on_cpu(name):
+    fn = OUT_CASES[name]
+
+    def run(dev):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            try:
+                out = fn(dev, *_ab(dev))
+            except RuntimeError as e:
+                return str(e), None
+        resized = [str(w.message).split(" (Triggered")[0] for w in ws if "resized" in str(w.message)]
+        return out, resized
+
+    (expected, cpu_warnings), (actual, dev_warnings) = run(torch.device("cpu")), run(lazyxla.device())
+    if isinstance(expected, str):
+        assert actual == expected
+    else:
+        assert_same(actual, expected)
+        assert dev_warnings == cpu_warnings
+
+
+def test_out_view_that_needs_resizing_says_so():
+    """On the CPU an out= view is resized over its base's storage; a lazyxla view cannot change shape in place of its
+    base: a clear error names that (it failed in an internal scatter)."""
+    a, b = _ab(lazyxla.device())
+    base = torch.zeros(12, device=lazyxla.device())
+    with pytest.raises(RuntimeError, match=r"resizes its out= tensor from \[4\] to \[2, 3\], but that tensor is a vie"):
+        torch.add(a, b, out=base[:4])
+    torch.add(a, b, out=base[:6].view(2, 3))  # the right shape: written through to the base, as on the CPU
+    assert_same(base, torch.cat([torch.arange(1.0, 7.0), torch.zeros(6)]))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[:, [0, 1]],
+        lambda x: x[:, torch.tensor([0])],
+        lambda x: x.clone().index_put_((torch.tensor([1]), torch.tensor([0])), torch.tensor(1.0)),
+    ],
+    ids=["list", "cpu_tensor", "index_put"],
+)
+def test_index_into_an_empty_dim_as_on_cpu(fn):
+    expected = _error(fn, torch.empty(10, 0))
+    assert expected == (IndexError, "index is out of bounds for dimension with size 0")
+    assert _error(fn, torch.empty(10, 0, device=lazyxla.device())) == expected
+
+
+@pytest.mark.parametrize(
+    "index",
+    [lambda dev: torch.tensor([1, 2], device=dev), lambda dev: torch.arange(5, device=dev) > 2],
+    ids=["integer", "mask"],
+)
+def test_a_cpu_tensor_indexed_by_device_indices_raises_as_on_cuda(index):
+    """CUDA refuses ``cpu_tensor[cuda_index]``: "indices should be either on cpu or on the same device as the
+    indexed tensor (cpu)"; the same for lazyxla indices."""
+    with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
+        torch.arange(5.0)[index(lazyxla.device())]

@@ -212,24 +212,7 @@ def _fused_step(name: str):
     return kernel
 
 
-_AUTOGRAD_VIEW_DTYPE = torch_private.computed_kernel("aten::view.dtype", "AutogradPrivateUse1")
-
-
-def _view_dtype(keyset, self, dtype):
-    """``aten::view.dtype`` at AutogradPrivateUse1: PyTorch checks the view's last stride and size on the CPU layout
-    (``x.t().view(torch.complex64)`` raises "self.stride(-1) must be 1 ..."), which a lazyxla view's contiguous
-    strides hide; asked of the layout frontend/layout.py replays, then PyTorch's own kernel runs."""
-    if _is_view(self):
-        cpu = layout.cpu_layout(self)
-        if cpu is not None:
-            aten.view.dtype(cpu, dtype)  # raises PyTorch's error for that layout
-    return _AUTOGRAD_VIEW_DTYPE.call_boxed(keyset, self, dtype)
-
-
-_view_dtype.with_keyset = True
-
 AUTOGRAD_KERNELS = {
-    "view.dtype": _view_dtype,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,
     "copy_": _copy_,
@@ -256,6 +239,7 @@ def _out_kernel(name: str, original):
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
         if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
+            layout.check_out_views(op, args, kwargs, written)
         args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
 

@@ -77,6 +77,82 @@ def check_written(op, args: tuple, kwargs: dict, written) -> None:
             raise RuntimeError(message)
 
 
+def check_out_views(op, args: tuple, kwargs: dict, written) -> None:
+    """Raise a clear error if the out= op ``op`` would resize an ``out`` tensor that is a view of another.
+
+    On the CPU the view is resized over its base's storage (the base sees the overlapping elements); a lazyxla
+    view's values live in its base's value, of its base's shape, so functionalization cannot write a result of
+    another shape back (it failed in a scatter: "expected src to have a size equal to the slice of self"). The
+    result's shapes come from PyTorch's meta kernel, memoized per call signature.
+
+    Example::
+
+        torch.add(a, b, out=buffer[:4])    # a, b of shape (2, 3): RuntimeError naming the out= view
+    """
+    views = [t for t in written if isinstance(t, torch.Tensor) and torch_private.is_view(t)]
+    if not views:
+        return
+    try:
+        key = (
+            id(op),
+            _signature(args),
+            _signature(tuple(kwargs.items())),
+            tuple(any(t is v for v in views) for t in written),
+        )
+        found = _resized.get(key, False)
+    except TypeError:  # an unhashable argument: asked every time
+        key, found = None, False
+    if found is False:
+        found = _meta_resizes(op, args, kwargs, views)
+        if key is not None:
+            _remember(_resized, key, found)
+    if found is not None:
+        old, new = found
+        raise RuntimeError(
+            f"lazyxla: {op} resizes its out= tensor from {list(old)} to {list(new)}, but that tensor is a view of "
+            "another tensor: a lazyxla view cannot change its shape in place over its base's storage as on the CPU "
+            f"(its base keeps its values). Pass an out= tensor of shape {list(new)}, or one that is no view "
+            "(torch.empty(0, device=...))."
+        )
+
+
+_resized: dict = {}  # (id(op), call signature) -> (old shape, new shape) of a resized out= view, or None
+
+
+def _signature(x):
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(e) for e in x)
+    return x
+
+
+def _meta_resizes(op, args: tuple, kwargs: dict, views: list):
+    metas: dict = {}
+
+    def meta(x):
+        if isinstance(x, torch.Tensor):
+            metas[id(x)] = m = torch.empty(x.shape, dtype=x.dtype, device=_META)
+            return m
+        if isinstance(x, (list, tuple)):
+            return type(x)(meta(e) for e in x)
+        if isinstance(x, torch.device):
+            return _META
+        return x
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the resize warning is PyTorch's to give, at the real call
+            op(*meta(args), **{k: meta(v) for k, v in kwargs.items()})
+    except Exception:  # no meta kernel, or an error the real call raises itself
+        return None
+    for t in views:
+        new = metas[id(t)].shape
+        if new != t.shape:
+            return tuple(t.shape), tuple(new)
+    return None
+
+
 def _key(t: torch.Tensor) -> tuple | None:
     """(base shape, dtype, view chain) of ``t``: what its CPU layout depends on; None for an unknown base."""
     chain = torch_private.view_meta_sequence(t)

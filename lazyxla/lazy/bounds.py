@@ -118,10 +118,14 @@ def _index(a: dict) -> list[_Bound]:
             continue
         if dim < len(shape):
             n = shape[dim]
-            out.append(_Bound(t, -n, n, _out_of_bounds(IndexError)(k, n)))
+            out.append(_Bound(t, -n, n, _out_of_bounds(IndexError)(k, n) if n else _empty_dim))
         dim += 1
         k += 1
     return out
+
+
+def _empty_dim(v: int) -> Exception:
+    return IndexError("index is out of bounds for dimension with size 0")  # PyTorch's words for any index there
 
 
 def _take(a: dict) -> list[_Bound]:

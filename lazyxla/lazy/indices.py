@@ -64,16 +64,19 @@ def prepare(func, args, kwargs, run) -> tuple[tuple, dict]:
     """
     in_args = len(args) > 1
     indices = args[1] if in_args else kwargs["indices"]
+    x = args[0] if args else kwargs["self"]
+    if type(x) is not LazyTensor:  # a CPU tensor indexed by lazyxla tensors: PyTorch's error (as for CUDA indices)
+        raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor ({x.device})")
     if all(i is None or (type(i) is LazyTensor and i.dtype not in _MASKS) for i in indices):
         return args, kwargs  # the common case: integer indices already on the device
-    new = _expanded(args[0] if args else kwargs["self"], indices, func, run)
+    new = _expanded(x, indices, func, run)
     if in_args:
         return (args[0], new, *args[2:]), kwargs
     return args, {**kwargs, "indices": new}
 
 
 def _expanded(x, indices, func, run) -> list:
-    device = x._value[0].device if type(x) is LazyTensor else 0
+    device = x._value[0].device
     out: list = []
     for i in indices:
         if i is None:
@@ -102,7 +105,8 @@ def _positions(x, mask: torch.Tensor, at: int, indices, func) -> list:
 
 
 def _raise_as_cpu(x, indices, func) -> None:
-    """Raise the error PyTorch's CPU kernel raises for these indices' shapes (on stand-ins that hold no data)."""
+    """Raise the error PyTorch's CPU kernel raises for these indices' shapes (on stand-ins that hold no data): the
+    mask's shape does not fit ``x``'s dims from its position on."""
 
     def stand_in(t):
         if t is None:
@@ -114,4 +118,6 @@ def _raise_as_cpu(x, indices, func) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the uint8 warning was given once, at the call
         aten.index.Tensor(cpu_x, [stand_in(t) for t in indices])
-    raise IndexError(f"{func}: the mask's shape does not match the indexed tensor's {list(x.shape)}")
+    raise IndexError(  # (PyTorch's kernel refused it above; this is for a torch that stops refusing it)
+        f"{func}: a mask's shape does not match the shape of the indexed tensor {list(x.shape)} where it indexes it"
+    )
