@@ -50,6 +50,7 @@ from pathlib import Path
 
 from lazyxla.tools import pytorch_suite_reasons as reasons
 from lazyxla.tools.torch_xla_api import write_section
+from lazyxla.tools.torch_xla_suite import kill_group
 from lazyxla.util import atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,15 +140,6 @@ def _read_log(path: Path) -> list[dict]:
     return out
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End the pytest process and anything it started (they share its process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
 def collect(tests: Path, file: str, device: str, sample: int, match: str | None, tmp: Path) -> list[str]:
     """The node ids pytest collects from ``file`` for ``device`` (after the conftest's sampling and ``match``).
 
@@ -198,11 +190,11 @@ def _watch(proc: subprocess.Popen, log: Path, limits: Limits, file_end: float) -
             pass
         now = time.monotonic()
         if now > min(file_end, limits.deadline):
-            _kill_group(proc)
+            kill_group(proc)
             return None, "time"
         _, current, started = _outcomes(_read_log(log))
         if current is not None and time.time() - started > limits.test:
-            _kill_group(proc)
+            kill_group(proc)
             return None, "test"
 
 
@@ -234,7 +226,7 @@ def run_device(
             try:
                 rc, killed = _watch(proc, log, limits, file_end)
             finally:
-                _kill_group(proc)
+                kill_group(proc)
         records = _read_log(log)
         done, current, _ = _outcomes(records)
         results.update({k: v for k, v in done.items() if k in todo})

@@ -288,14 +288,15 @@ def _run_process(cmd: list[str], cwd: Path, env: dict, timeout: int) -> tuple[in
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            _kill_group(proc)
+            kill_group(proc)
         out.seek(0)
         text = out.read().decode("utf-8", errors="replace")
     return rc, text, time.monotonic() - start
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End the file's process and any replica it started (they share its process group)."""
+def kill_group(proc: subprocess.Popen) -> None:
+    """End a test process and anything it started (replicas, workers: they share its process group); the
+    PyTorch test runner (``pytorch_suite.py``) ends its pytest processes with it too."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
