@@ -205,6 +205,26 @@ def _reshape(self, shape):
     return aten.reshape.default.decompose(self, shape)
 
 
+def _flatten(self, start_dim=0, end_dim=-1):
+    """``aten::flatten.using_ints`` on lazyxla tensors: a copy where the CPU copies (PyTorch's kernel calls its
+    reshape directly, not through the dispatcher), PyTorch's composite kernel otherwise."""
+    nd = self.dim()
+    if _is_view(self) and nd and -nd <= start_dim < nd and -nd <= end_dim < nd and start_dim % nd < end_dim % nd:
+        s, e = start_dim % nd, end_dim % nd
+        shape = (*self.shape[:s], math.prod(self.shape[s : e + 1]), *self.shape[e + 1 :])
+        if layout.copies_on_reshape(self, shape):
+            return aten._unsafe_view(self.clone(memory_format=torch.contiguous_format), shape)
+    return aten.flatten.using_ints.decompose(self, start_dim, end_dim)
+
+
+def _ravel(self):
+    """``aten::ravel`` on lazyxla tensors: ``contiguous().view(-1)`` as PyTorch's kernel, with ``contiguous`` as
+    the CPU decides it (PyTorch's C++ ``contiguous`` trusts the wrapper's contiguous strides)."""
+    if _is_view(self) and layout.copies_on_contiguous(self):
+        return self.clone(memory_format=torch.contiguous_format).view(-1)
+    return aten.ravel.default.decompose(self)
+
+
 def _copying_contiguous(contiguous):
     """``Tensor.contiguous`` that clones a lazyxla view that is not contiguous on the CPU, PyTorch's otherwise."""
 
@@ -267,6 +287,8 @@ AUTOGRAD_KERNELS = {
     "copy_": _copy_,
     "as_strided_scatter": _as_strided_scatter,
     "reshape": _reshape,
+    "flatten.using_ints": _flatten,
+    "ravel": _ravel,
     **{name: _fused_step(name) for name in _FUSED_STEPS},
 }
 

@@ -85,7 +85,7 @@ def _bitcast(x, want: np.dtype):
         x = x.reshape(*x.shape[:-1], x.shape[-1] * src // dst, dst // src)
     out = lax.bitcast_convert_type(x, want)
     # sizes spelled out, not -1: jnp cannot infer a size from an empty array (a (0, 5, 64) view)
-    return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1]) if src > dst else out
+    return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1]) if src > dst and out.ndim > 1 else out
 
 
 @lowers(aten.expand_copy.default, aten.expand.default)
