@@ -44,3 +44,21 @@ def test_view_dtype_zero_dim_same_size(src, dst):
     x = _source(src, ())
     got = x.to(lazyxla.device()).view(dst).cpu()
     assert got.shape == () and torch.equal(_bytes(got), _bytes(x.view(dst)))
+
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (torch.int32, torch.int8),
+        (torch.int8, torch.int32),
+        (torch.complex128, torch.int16),
+        (torch.float16, torch.complex64),
+    ],
+    ids=lambda d: str(d).split(".")[-1],
+)
+def test_view_dtype_of_an_empty_tensor(src, dst):
+    """An empty tensor's last dim is grown or shrunk as on the CPU (the lowering inferred a -1 size from no
+    elements: ZeroDivisionError)."""
+    x = torch.zeros(0, 5, 64, dtype=src)
+    got = x.to(lazyxla.device()).view(dst).cpu()
+    assert got.dtype == dst and got.shape == x.view(dst).shape

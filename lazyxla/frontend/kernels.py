@@ -164,6 +164,20 @@ def _copy_(keyset, self, src, non_blocking=False):
 
 
 _copy_.with_keyset = True
+_copy_.with_keyset = True
+
+_AUTOGRAD_AS_STRIDED_SCATTER = torch_private.computed_kernel("aten::as_strided_scatter", "AutogradPrivateUse1")
+
+
+def _as_strided_scatter(keyset, self, src, size, stride, storage_offset=None):
+    """``aten::as_strided_scatter`` at AutogradPrivateUse1: PyTorch's internal-overlap error for a layout whose
+    elements share memory, as the CPU raises it, then PyTorch's autograd kernel. (The recorder lets that error pass:
+    functionalization writes an overlapping ``as_strided`` view back to its base with this op, below autograd.)"""
+    layout.check_scatter_layout(size, stride, storage_offset)
+    return _AUTOGRAD_AS_STRIDED_SCATTER.call_boxed(keyset, self, src, size, stride, storage_offset)
+
+
+_as_strided_scatter.with_keyset = True
 
 
 def _allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
@@ -172,6 +186,61 @@ def _allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     own in eager mode), ``all``, and one host read of the answer. Below autograd, lazyxla's dispatch saw the
     whole op, which has no lowering rule, and ran it on the CPU."""
     return bool(torch.isclose(self, other, rtol, atol, equal_nan).all().item())
+
+
+# ``reshape`` and ``contiguous`` copy a view whose layout does not allow the result as a view (``x.t().reshape(-1)``,
+# ``x.t().contiguous()``). PyTorch decides on the strides the tensor reports, and a lazyxla wrapper reports
+# contiguous ones whatever view it is: both returned a view of ``x``, and a write through it changed ``x``, where
+# the CPU's copy leaves ``x`` alone. Here the decision is taken on the view's CPU layout (frontend/layout.py,
+# memoized per view chain; a tensor that is no view costs one C call): ``reshape`` by a kernel at
+# AutogradPrivateUse1, ``contiguous`` in ``Tensor.contiguous`` itself (PyTorch's binding returns a tensor that
+# reports contiguous strides without dispatching).
+
+
+def _reshape(self, shape):
+    """``aten::reshape`` on lazyxla tensors: a copy where the CPU copies (``_unsafe_view`` of a contiguous clone,
+    PyTorch's own copy path), PyTorch's composite kernel otherwise."""
+    if _is_view(self) and layout.copies_on_reshape(self, shape):
+        return aten._unsafe_view(self.clone(memory_format=torch.contiguous_format), shape)
+    return aten.reshape.default.decompose(self, shape)
+
+
+def _flatten(self, start_dim=0, end_dim=-1):
+    """``aten::flatten.using_ints`` on lazyxla tensors: a copy where the CPU copies (PyTorch's kernel calls its
+    reshape directly, not through the dispatcher), PyTorch's composite kernel otherwise."""
+    nd = self.dim()
+    if _is_view(self) and nd and -nd <= start_dim < nd and -nd <= end_dim < nd and start_dim % nd < end_dim % nd:
+        s, e = start_dim % nd, end_dim % nd
+        shape = (*self.shape[:s], math.prod(self.shape[s : e + 1]), *self.shape[e + 1 :])
+        if layout.copies_on_reshape(self, shape):
+            return aten._unsafe_view(self.clone(memory_format=torch.contiguous_format), shape)
+    return aten.flatten.using_ints.decompose(self, start_dim, end_dim)
+
+
+def _ravel(self):
+    """``aten::ravel`` on lazyxla tensors: ``contiguous().view(-1)`` as PyTorch's kernel, with ``contiguous`` as
+    the CPU decides it (PyTorch's C++ ``contiguous`` trusts the wrapper's contiguous strides)."""
+    if _is_view(self) and layout.copies_on_contiguous(self):
+        return self.clone(memory_format=torch.contiguous_format).view(-1)
+    return aten.ravel.default.decompose(self)
+
+
+def _copying_contiguous(contiguous):
+    """``Tensor.contiguous`` that clones a lazyxla view that is not contiguous on the CPU, PyTorch's otherwise."""
+
+    @functools.wraps(contiguous)
+    def checked(self, memory_format=torch.contiguous_format):
+        if (
+            memory_format == torch.contiguous_format
+            and _is_view(self)
+            and on_device(self)
+            and layout.copies_on_contiguous(self)
+        ):
+            return self.clone(memory_format=torch.contiguous_format)
+        return contiguous(self, memory_format=memory_format)
+
+    checked._lazyxla = True
+    return checked
 
 
 # torch.optim's fused=True calls in-place ops (``_fused_adamw_(params, grads, exp_avgs, ...)``) whose
@@ -216,6 +285,10 @@ AUTOGRAD_KERNELS = {
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,
     "copy_": _copy_,
+    "as_strided_scatter": _as_strided_scatter,
+    "reshape": _reshape,
+    "flatten.using_ints": _flatten,
+    "ravel": _ravel,
     **{name: _fused_step(name) for name in _FUSED_STEPS},
 }
 
@@ -453,6 +526,8 @@ def install(name: str = "lazyxla") -> None:
             _functionalize_library.impl(
                 "_pack_padded_sequence", _pack_padded_sequence, "Functionalize", with_keyset=True
             )
+    if not getattr(torch.Tensor.contiguous, "_lazyxla", False):
+        torch.Tensor.contiguous = _copying_contiguous(torch.Tensor.contiguous)
     autocast.install()
     modules.install()
     storage.install()

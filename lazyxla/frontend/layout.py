@@ -51,6 +51,69 @@ def cpu_layout(t: torch.Tensor) -> torch.Tensor | None:
     return None if key is None else _layout(key)
 
 
+def check_scatter_layout(size, stride, storage_offset=None) -> None:
+    """Raise PyTorch's internal-overlap error if ``as_strided_scatter`` writes a layout whose elements share memory
+    (a stride 0 in a dim of size > 1), as the CPU's kernel does when it copies ``src`` into it.
+
+    Example::
+
+        check_scatter_layout((2, 3), (1, 0))     # RuntimeError: unsupported operation: more than one element ...
+    """
+    if 0 not in stride:  # every overlap the CPU refuses has a stride 0
+        return
+    target = torch.empty_strided(size, stride, device=_META)
+    if torch_private.has_internal_overlap(target):
+        raise RuntimeError(
+            f"unsupported operation: {_OVERLAP}. Please clone() the tensor before performing the operation."
+        )
+
+
+def copies_on_reshape(t: torch.Tensor, shape) -> bool:
+    """Whether ``t.reshape(shape)`` copies on the CPU: ``t`` is a view whose CPU layout cannot be viewed as
+    ``shape`` (``x.t().reshape(-1)``). The wrapper's own strides are contiguous, so PyTorch's reshape would make a
+    view, and a write through it would reach ``x``, where the CPU's copy leaves ``x`` alone. Memoized per view
+    chain and shape; False where the layout is unknown or ``shape`` is invalid (the reshape raises its own error).
+
+    Example::
+
+        copies_on_reshape(torch.ones(5, 5, device=dev).t(), (25,))     # True
+    """
+    key = _key(t)
+    if key is None or not key[2]:
+        return False
+    try:
+        shape = tuple(shape)
+        found = _reshapes.get((key, shape))
+    except TypeError:  # symbolic sizes: unhashable, and lazyxla records none
+        return False
+    if found is None:
+        layout = _layout(key)
+        try:
+            found = layout is not None and not layout.reshape(shape)._is_view()
+        except Exception:  # an invalid shape: PyTorch's reshape raises the error itself
+            found = False
+        _remember(_reshapes, (key, shape), found)
+    return found
+
+
+def copies_on_contiguous(t: torch.Tensor) -> bool:
+    """Whether ``t.contiguous()`` copies on the CPU: ``t`` is a view whose CPU layout is not contiguous
+    (``x.t()``, ``x[:, 0]``), though the wrapper reports contiguous strides. Memoized per view chain.
+
+    Example::
+
+        copies_on_contiguous(torch.ones(5, 5, device=dev).t())     # True
+    """
+    key = _key(t)
+    if key is None or not key[2]:
+        return False
+    layout = _layout(key)
+    return layout is not None and not layout.is_contiguous()
+
+
+_reshapes: dict = {}  # ((base shape, dtype, chain), shape) -> whether reshape copies on the CPU
+
+
 def check_written(op, args: tuple, kwargs: dict, written) -> None:
     """Raise PyTorch's internal-overlap error if ``op`` (an in-place or out= overload) writes to a tensor of
     ``written`` whose CPU layout has elements sharing a memory location and PyTorch's CPU kernel refuses it.

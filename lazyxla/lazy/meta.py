@@ -385,6 +385,15 @@ _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
 
+# Functionalization writes a mutated ``as_strided`` view back to its base with ``as_strided_scatter``. For a view
+# whose elements overlap (a stride 0: ``x.as_strided(..., (.., 0))``), which the CPU writes in place, PyTorch's CPU
+# ``as_strided_scatter`` refuses that write-back ("more than one element of the written-to tensor refers to a single
+# memory location"): no error of the user's, so the check lets it pass. A user's own ``as_strided_scatter`` gets the
+# error from its AutogradPrivateUse1 kernel (frontend/kernels.py), which functionalization's write-back never runs.
+_AS_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
+_OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+
+
 def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_error=None) -> None:
     """Raise, at the call, the error PyTorch's CPU kernel raises for this call (see ``lazy.check``)."""
     limit = _flags["check_max_elements"]
@@ -395,13 +404,17 @@ def _check_on_cpu(func, template, flat: _Flat, args, kwargs, out_avals, meta_err
     def lowers() -> bool:  # the call as a node, for asking whether its rule lowers it
         return to_jax.traces(node(func, tuple(flat.inputs), template, tuple(out_avals), flat.device, 0))
 
-    check.raise_cpu_error(
-        func,
-        lambda make: _call_args(template, flat.meta_subst, args, kwargs, make, _CPU),
-        random=RULES[func].random if func in RULES else True,
-        meta_error=meta_error,
-        lowers=lowers if func in RULES and out_avals else None,
-    )
+    try:
+        check.raise_cpu_error(
+            func,
+            lambda make: _call_args(template, flat.meta_subst, args, kwargs, make, _CPU),
+            random=RULES[func].random if func in RULES else True,
+            meta_error=meta_error,
+            lowers=lowers if func in RULES and out_avals else None,
+        )
+    except RuntimeError as e:
+        if func is not _AS_STRIDED_SCATTER or _OVERLAP not in str(e):
+            raise
 
 
 def _masks_index(template, flat: _Flat) -> bool:

@@ -59,10 +59,14 @@ def _view_dtype(ctx, x, dtype):
     if x.dtype == np.bool_:
         x = x.astype(np.uint8)
     elif jnp.iscomplexobj(x):  # [..., n] complex -> [..., 2n] of its parts
-        x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).reshape(*x.shape[:-1], -1) if x.ndim else _parts(x)
+        x = (
+            jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).reshape(*x.shape[:-1], 2 * x.shape[-1])
+            if x.ndim
+            else _parts(x)
+        )
     if want.kind == "c":
         parts = _bitcast(x, np.dtype(f"f{want.itemsize // 2}"))
-        pairs = parts.reshape(*parts.shape[:-1], -1, 2)
+        pairs = parts.reshape(*parts.shape[:-1], parts.shape[-1] // 2, 2)
         return lax.complex(pairs[..., 0], pairs[..., 1]).reshape(ctx.shape)
     out = _bitcast(x, np.dtype(np.uint8) if want == np.bool_ else want)
     return out.reshape(ctx.shape).astype(ctx.dtype)
@@ -80,7 +84,8 @@ def _bitcast(x, want: np.dtype):
     if src < dst:  # merge groups of the last dimension
         x = x.reshape(*x.shape[:-1], x.shape[-1] * src // dst, dst // src)
     out = lax.bitcast_convert_type(x, want)
-    return out.reshape(*out.shape[:-2], -1) if src > dst else out
+    # sizes spelled out, not -1: jnp cannot infer a size from an empty array (a (0, 5, 64) view)
+    return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1]) if src > dst and out.ndim > 1 else out
 
 
 @lowers(aten.expand_copy.default, aten.expand.default)
@@ -191,7 +196,18 @@ def _as_strided(ctx, x, size, stride, storage_offset=None):
 @lowers(aten.as_strided_scatter.default)
 def _as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
     idx = _strided_flat_index(size, stride, storage_offset)
-    return x.reshape(-1).at[idx].set(src.astype(x.dtype)).reshape(x.shape)
+    flat, src = x.reshape(-1), src.astype(x.dtype)
+    out = flat.at[idx].set(src)
+    if 0 in stride and np.unique(idx).size < idx.size:
+        # Several elements of the view are one element of x (a stride 0). The CPU writes such a view in place
+        # (fill_ or index_put_ of one element), and functionalization's view holds the write in one of those
+        # elements and the old value in the others; a scatter keeps any one of them. The changed one wins.
+        old = flat[idx]
+        changed = (
+            (src != old) & ~(jnp.isnan(src) & jnp.isnan(old)) if jnp.issubdtype(src.dtype, jnp.inexact) else src != old
+        )
+        out = out.at[jnp.where(changed, idx, flat.size)].set(src, mode="drop")
+    return out.reshape(x.shape)
 
 
 # ---- writing through views ----
