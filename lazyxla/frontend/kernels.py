@@ -164,7 +164,6 @@ def _copy_(keyset, self, src, non_blocking=False):
 
 
 _copy_.with_keyset = True
-_copy_.with_keyset = True
 
 _AUTOGRAD_AS_STRIDED_SCATTER = torch_private.computed_kernel("aten::as_strided_scatter", "AutogradPrivateUse1")
 
