@@ -287,6 +287,13 @@ def storages():
         and s.data_ptr() == t[2:].untyped_storage().data_ptr() == t.detach().untyped_storage().data_ptr()
     )
     assert s.data_ptr() != t.clone().untyped_storage().data_ptr()
+    # a tensor's address is its storage's plus its offset there on the CPU, as a CUDA tensor's: copies differ
+    c, m = torch.arange(25.0).view(5, 5), torch.arange(25.0).view(5, 5).to(dev)
+    for view in (lambda x: x, lambda x: x[1], lambda x: x[:, 2], lambda x: x[2:].t(), lambda x: x.reshape(25)):
+        assert view(m).data_ptr() - m.data_ptr() == view(c).data_ptr() - c.data_ptr()
+    for copy in (lambda x: x.t().contiguous(), lambda x: x.t().reshape(25), lambda x: x.clone()):
+        assert copy(m).data_ptr() != m.data_ptr() and copy(m).untyped_storage().data_ptr() != s.data_ptr()
+    assert torch.empty(0, device=dev).data_ptr() == 0 == torch.empty(0).data_ptr()
     made = torch.UntypedStorage(8, device=dev)
     assert made.device == dev and made.nbytes() == 8
     moved = torch.ones(3).untyped_storage().to(device=dev)
@@ -333,7 +340,6 @@ def no_crash_on_pointers():
     import numpy as np
 
     t = torch.arange(6.0).to(dev)
-    assert t.data_ptr() == 0
     for bad, errors in (
         (lambda: t.numpy(), TypeError),
         (lambda: np.asarray(t), TypeError),

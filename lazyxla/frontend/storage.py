@@ -43,6 +43,7 @@ import torch
 import torch.utils.dlpack
 
 from lazyxla import torch_private
+from lazyxla.frontend import layout
 from lazyxla.device.devices import on_device
 from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
 from lazyxla.lazy.tensor import unwrap
@@ -266,6 +267,28 @@ def _identifying(data_ptr):
     return identified
 
 
+def _addressing(data_ptr):
+    """``Tensor.data_ptr`` that answers for a lazyxla tensor (functionalization's wrapper answers 0 for every one)
+    with its storage's identifying address (``_identifying``) plus the offset the tensor has in that storage on the
+    CPU (``frontend/layout.py``), as a CUDA tensor answers with a device address: a view and its base share a
+    storage, a copy does not, and ``x[1]`` sits past ``x[0]``. Libraries compare these to find aliases."""
+
+    @functools.wraps(data_ptr)
+    def addressed(self):
+        ptr = data_ptr(self)
+        if ptr or not on_device(self):
+            return ptr
+        base = self.untyped_storage().data_ptr()
+        if not base:  # an empty storage: 0, as on the CPU
+            return 0
+        cpu = layout.cpu_layout(self)
+        offset = self.storage_offset() if cpu is None else cpu.storage_offset()
+        return base + offset * self.element_size()
+
+    addressed._lazyxla = True
+    return addressed
+
+
 def _noting_owner(untyped_storage):
     """``Tensor.untyped_storage`` that remembers a lazyxla tensor as its storage's holder (``lazy/special.py``), so
     that the storage can be read and ``set_()`` to."""
@@ -367,6 +390,8 @@ def install() -> None:
         for name in ("__setitem__", "fill_", "copy_", "resize_"):
             torch_private.wrap_storage_method(name, _writing)
         torch_private.wrap_tensor_untyped_storage(_noting_owner)
+        if not getattr(torch.Tensor.data_ptr, "_lazyxla", False):
+            torch.Tensor.data_ptr = _addressing(torch.Tensor.data_ptr)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
