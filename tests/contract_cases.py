@@ -291,8 +291,8 @@ def storages():
     c, m = torch.arange(25.0).view(5, 5), torch.arange(25.0).view(5, 5).to(dev)
     for view in (lambda x: x, lambda x: x[1], lambda x: x[:, 2], lambda x: x[2:].t(), lambda x: x.reshape(25)):
         assert view(m).data_ptr() - m.data_ptr() == view(c).data_ptr() - c.data_ptr()
-    for copy in (lambda x: x.t().contiguous(), lambda x: x.t().reshape(25), lambda x: x.clone()):
-        assert copy(m).data_ptr() != m.data_ptr() and copy(m).untyped_storage().data_ptr() != s.data_ptr()
+    for copied in (lambda x: x.t().contiguous(), lambda x: x.t().reshape(25), lambda x: x.clone()):
+        assert copied(m).data_ptr() != m.data_ptr() and copied(m).untyped_storage().data_ptr() != s.data_ptr()
     assert torch.empty(0, device=dev).data_ptr() == 0 == torch.empty(0).data_ptr()
     made = torch.UntypedStorage(8, device=dev)
     assert made.device == dev and made.nbytes() == 8

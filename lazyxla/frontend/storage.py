@@ -43,8 +43,8 @@ import torch
 import torch.utils.dlpack
 
 from lazyxla import torch_private
-from lazyxla.frontend import layout
 from lazyxla.device.devices import on_device
+from lazyxla.frontend import layout
 from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.util import atomic_write, contiguous_strides
