@@ -309,3 +309,49 @@ def test_a_cpu_tensor_indexed_by_device_indices_raises_as_on_cuda(index):
     indexed tensor (cpu)"; the same for lazyxla indices."""
     with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
         torch.arange(5.0)[index(lazyxla.device())]
+
+
+# each fn(device) makes its inputs itself: factories, true division and promotion with Python floats follow the
+# default dtype, which decides their output dtype but not their inputs' avals
+DEFAULT_DTYPE_CASES = {
+    "arange_bool_step": lambda d: torch.arange(False, True, 0.5, device=d),
+    "randn": lambda d: torch.randn(3, device=d).abs().clamp(max=0) + 1,
+    "linspace": lambda d: torch.linspace(0, 1, 3, device=d),
+    "full": lambda d: torch.full((2,), 1.5, device=d),
+    "int_true_divide": lambda d: torch.arange(1, 6, device=d) / torch.arange(1, 6, device=d),
+    "int_div_number": lambda d: torch.true_divide(torch.arange(1, 6, device=d), 2),
+    "uint8_plus_float": lambda d: torch.tensor([0, 0, 1], dtype=torch.uint8, device=d) + 5.5,
+    "int_sqrt": lambda d: torch.arange(3, device=d).sqrt(),
+    "int_compare_float": lambda d: torch.tensor([16777217], dtype=torch.int32, device=d) < 16777217.5,
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_DTYPE_CASES)
+def test_default_dtype_as_on_cpu(name):
+    """The same call recorded under float32, then float64, then float32 again as the default dtype (as PyTorch's
+    ``float_double_default_dtype`` tests do): each result's dtype and value as on the CPU under that default, not
+    the first call's remembered (the op caches key on the default dtype)."""
+    fn = DEFAULT_DTYPE_CASES[name]
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            assert_same(fn(lazyxla.device()), fn("cpu"))
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.clamp_(),
+        lambda x: x.to(torch.int64).addcdiv_(x.to(torch.int64), x.to(torch.int64)),
+    ],
+    ids=["clamp_no_bounds", "addcdiv_integer"],
+)
+def test_inplace_errors_as_on_cpu(fn):
+    """In-place ops reach PyTorch's Python decompositions, which word errors otherwise (clamp_: a ValueError;
+    addcdiv_: a message printed as a tuple); lazyxla raises the CPU kernel's error, as CUDA does."""
+    expected = _error(fn, _x(3))
+    assert expected is not None
+    assert _error(fn, _x(3).to(lazyxla.device())) == expected

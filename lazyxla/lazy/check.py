@@ -159,6 +159,27 @@ def raise_cpu_error(func, build, *, random: bool = False, meta_error: BaseExcept
         raise err.with_traceback(None)
 
 
+def raise_cpu_error_instead(func, args: tuple, kwargs: dict, error: BaseException, limit: int) -> None:
+    """Raise, in place of ``error``, what PyTorch's CPU kernel raises for ``func(*args, **kwargs)`` on stand-ins
+    of its tensors, if it raises (``limit``: the most elements the CPU kernel is run on, 0 for none); else
+    return, and the caller raises ``error``.
+
+    Called only once a call has failed: an in-place op reaches PyTorch's Python decompositions (``torch._refs``,
+    meta kernels), which word errors otherwise than the native kernels every device shares, or raise another
+    type: ``x.clamp_()`` raises ``RuntimeError: At least one of 'min' or 'max' must not be None`` as on the
+    CPU, not the reference's ``ValueError``.
+    """
+    tensors = [x for x in torch_private.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if limit <= 0 or numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) > limit:
+        return
+    raise_cpu_error(
+        func,
+        lambda make: (_standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}),
+        random=True,
+        meta_error=error,
+    )
+
+
 # ---- out= calls: functionalization turns them into the functional op and a copy into ``out``, so the
 # out= kernel's own checks (``out``'s dtype: gather, amax, multinomial, complex, ...) never run ----
 
