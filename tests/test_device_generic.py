@@ -355,3 +355,21 @@ def test_inplace_errors_as_on_cpu(fn):
     expected = _error(fn, _x(3))
     assert expected is not None
     assert _error(fn, _x(3).to(lazyxla.device())) == expected
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: torch.quantize_per_tensor(torch.ones(2, device=d), 0.1, 5, torch.quint8), "dequantize"),
+        (lambda d: torch.nested.nested_tensor([torch.rand(0, 4, device=d)], device=d), "to_padded_tensor"),
+    ],
+    ids=["quantized", "nested"],
+)
+def test_tensors_no_device_holds_are_refused_by_name(make, match):
+    """An op run on the CPU whose result is quantized or nested (which XLA buffers cannot hold) raises an error
+    naming the remedy, not an internal error from PyTorch's numpy or sizes code."""
+    assert make("cpu") is not None  # the CPU makes it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU-fallback and deprecation warnings
+        with pytest.raises(RuntimeError, match=match):
+            make(lazyxla.device())
