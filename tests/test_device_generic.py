@@ -373,3 +373,43 @@ def test_tensors_no_device_holds_are_refused_by_name(make, match):
         warnings.simplefilter("ignore")  # the CPU-fallback and deprecation warnings
         with pytest.raises(RuntimeError, match=match):
             make(lazyxla.device())
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, w: x @ w,
+        lambda x, w: torch.nn.functional.linear(x, w.t()),
+        lambda x, w: x + w.t(),
+        lambda x, w: x + w.sum(),
+    ],
+    ids=["matmul", "linear", "add", "add_0d"],
+)
+def test_meta_arguments_as_on_cpu(fn):
+    """An op given a meta tensor (a module before ``to_empty``) runs its meta kernel, as PyTorch's dispatcher
+    does for every device: mm's makes an uninitialized tensor of the input's device (shape and dtype as on the
+    CPU), add's refuses the mix with the CPU's wording."""
+    w = torch.randn(10, 1, device="meta")
+    x = torch.randn(5, 10)
+    expected = _error(fn, x, w)
+    if expected is not None:
+        assert _error(fn, x.to(lazyxla.device()), w) == (expected[0], expected[1].replace("cpu", "lazyxla:0"))
+        return
+    out = fn(x.to(lazyxla.device()), w)
+    assert (out.device, out.shape, out.dtype) == (lazyxla.device(), fn(x, w).shape, fn(x, w).dtype)
+
+
+def test_module_to_empty_from_meta():
+    """A module built on meta, run once, materialized with ``to_empty`` on lazyxla and initialized, computes as
+    on the CPU."""
+    x, weight = torch.randn(5, 10), torch.randn(2, 10)
+    results = []
+    for device in ("cpu", lazyxla.device()):
+        m = torch.nn.Linear(10, 2, bias=False, device="meta")  # addmm (a bias) refuses meta on the CPU too
+        assert m(x.to(device)).shape == (5, 2)
+        m.to_empty(device=device)
+        assert m.weight.device == torch.device(device)
+        with torch.no_grad():
+            m.weight.copy_(weight)
+        results.append(m(x.to(device)))
+    assert_same(results[1], results[0])

@@ -219,7 +219,7 @@ class _Flat:
         return x
 
     def host_tensor(self, t: torch.Tensor):
-        if t.dim() != 0:
+        if t.dim() != 0 or t.is_meta:  # a meta tensor: the op runs on meta (``record._on_meta``)
             raise DeviceMismatch(
                 "Expected all tensors to be on the same device, but found at least two devices, "
                 f"{devices.torch_device(self.device or 0)} and {t.device}! Move the tensor with .to(lazyxla.device()) "
