@@ -172,12 +172,26 @@ def raise_cpu_error_instead(func, args: tuple, kwargs: dict, error: BaseExceptio
     tensors = [x for x in torch_private.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     if limit <= 0 or numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) > limit:
         return
-    raise_cpu_error(
-        func,
-        lambda make: (_standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}),
-        random=True,
-        meta_error=error,
-    )
+
+    def build(make):
+        return _standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}
+
+    # only an error that does not depend on the values (the same for both fills: a mask's count does)
+    with torch_private.disable_functorch(), torch_private.disable_torch_dispatch():
+        errors = [_run(func, build, _stand_in(fill, False, set()), True) for fill in (1, 0)]
+    first, second = errors
+    if first is None or second is None or (type(first), str(first)) != (type(second), str(second)):
+        return
+    msg = str(first)
+    if (
+        isinstance(first, NotImplementedError)
+        or _UNWORDED.search(msg)
+        or _CPU_GAP.search(msg)
+        or _NO_CPU_KERNEL.search(msg)
+    ):
+        return  # an internal check, or the CPU's own gap: the original error says more
+    first.add_note(_NOTE)
+    raise first.with_traceback(None)
 
 
 # ---- out= calls: functionalization turns them into the functional op and a copy into ``out``, so the
