@@ -309,3 +309,107 @@ def test_a_cpu_tensor_indexed_by_device_indices_raises_as_on_cuda(index):
     indexed tensor (cpu)"; the same for lazyxla indices."""
     with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
         torch.arange(5.0)[index(lazyxla.device())]
+
+
+# each fn(device) makes its inputs itself: factories, true division and promotion with Python floats follow the
+# default dtype, which decides their output dtype but not their inputs' avals
+DEFAULT_DTYPE_CASES = {
+    "arange_bool_step": lambda d: torch.arange(False, True, 0.5, device=d),
+    "randn": lambda d: torch.randn(3, device=d).abs().clamp(max=0) + 1,
+    "linspace": lambda d: torch.linspace(0, 1, 3, device=d),
+    "full": lambda d: torch.full((2,), 1.5, device=d),
+    "int_true_divide": lambda d: torch.arange(1, 6, device=d) / torch.arange(1, 6, device=d),
+    "int_div_number": lambda d: torch.true_divide(torch.arange(1, 6, device=d), 2),
+    "uint8_plus_float": lambda d: torch.tensor([0, 0, 1], dtype=torch.uint8, device=d) + 5.5,
+    "int_sqrt": lambda d: torch.arange(3, device=d).sqrt(),
+    "int_compare_float": lambda d: torch.tensor([16777217], dtype=torch.int32, device=d) < 16777217.5,
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_DTYPE_CASES)
+def test_default_dtype_as_on_cpu(name):
+    """The same call recorded under float32, then float64, then float32 again as the default dtype (as PyTorch's
+    ``float_double_default_dtype`` tests do): each result's dtype and value as on the CPU under that default, not
+    the first call's remembered (the op caches key on the default dtype)."""
+    fn = DEFAULT_DTYPE_CASES[name]
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            assert_same(fn(lazyxla.device()), fn("cpu"))
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.clamp_(),
+        lambda x: x.to(torch.int64).addcdiv_(x.to(torch.int64), x.to(torch.int64)),
+    ],
+    ids=["clamp_no_bounds", "addcdiv_integer"],
+)
+def test_inplace_errors_as_on_cpu(fn):
+    """In-place ops reach PyTorch's Python decompositions, which word errors otherwise (clamp_: a ValueError;
+    addcdiv_: a message printed as a tuple); lazyxla raises the CPU kernel's error, as CUDA does."""
+    expected = _error(fn, _x(3))
+    assert expected is not None
+    assert _error(fn, _x(3).to(lazyxla.device())) == expected
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: torch.quantize_per_tensor(torch.ones(2, device=d), 0.1, 5, torch.quint8), "dequantize"),
+        (lambda d: torch.nested.nested_tensor([torch.rand(0, 4, device=d)], device=d), "to_padded_tensor"),
+    ],
+    ids=["quantized", "nested"],
+)
+def test_tensors_no_device_holds_are_refused_by_name(make, match):
+    """An op run on the CPU whose result is quantized or nested (which XLA buffers cannot hold) raises an error
+    naming the remedy, not an internal error from PyTorch's numpy or sizes code."""
+    assert make("cpu") is not None  # the CPU makes it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU-fallback and deprecation warnings
+        with pytest.raises(RuntimeError, match=match):
+            make(lazyxla.device())
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, w: x @ w,
+        lambda x, w: torch.nn.functional.linear(x, w.t()),
+        lambda x, w: x + w.t(),
+        lambda x, w: x + w.sum(),
+    ],
+    ids=["matmul", "linear", "add", "add_0d"],
+)
+def test_meta_arguments_as_on_cpu(fn):
+    """An op given a meta tensor (a module before ``to_empty``) runs its meta kernel, as PyTorch's dispatcher
+    does for every device: mm's makes an uninitialized tensor of the input's device (shape and dtype as on the
+    CPU), add's refuses the mix with the CPU's wording."""
+    w = torch.randn(10, 1, device="meta")
+    x = torch.randn(5, 10)
+    expected = _error(fn, x, w)
+    if expected is not None:
+        assert _error(fn, x.to(lazyxla.device()), w) == (expected[0], expected[1].replace("cpu", "lazyxla:0"))
+        return
+    out = fn(x.to(lazyxla.device()), w)
+    assert (out.device, out.shape, out.dtype) == (lazyxla.device(), fn(x, w).shape, fn(x, w).dtype)
+
+
+def test_module_to_empty_from_meta():
+    """A module built on meta, run once, materialized with ``to_empty`` on lazyxla and initialized, computes as
+    on the CPU."""
+    x, weight = torch.randn(5, 10), torch.randn(2, 10)
+    results = []
+    for device in ("cpu", lazyxla.device()):
+        m = torch.nn.Linear(10, 2, bias=False, device="meta")  # addmm (a bias) refuses meta on the CPU too
+        assert m(x.to(device)).shape == (5, 2)
+        m.to_empty(device=device)
+        assert m.weight.device == torch.device(device)
+        with torch.no_grad():
+            m.weight.copy_(weight)
+        results.append(m(x.to(device)))
+    assert_same(results[1], results[0])

@@ -165,11 +165,32 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
     return _TORCH_OF_NP[np.dtype(dtype)]
 
 
+def check_dense(t: torch.Tensor) -> None:
+    """Refuse, naming what to do, a CPU tensor no lazyxla tensor can hold: a sparse layout, a nested tensor, a
+    quantized tensor (XLA buffers are dense arrays of a plain dtype; torch_xla has none of these either).
+
+    Example::
+
+        check_dense(torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8))   # RuntimeError: ... dequantize()
+    """
+    if t.layout != torch.strided:
+        raise TypeError(f"lazyxla tensors are dense: convert this {t.layout} tensor with .to_dense() first")
+    if t.is_nested:  # its layout says strided; its shape cannot even be asked
+        raise RuntimeError(
+            "lazyxla tensors are dense: a nested tensor (torch.nested) cannot live on lazyxla; "
+            "pad it first (nt.to_padded_tensor(0.0)) or keep it on the CPU"
+        )
+    if t.is_quantized:
+        raise RuntimeError(
+            f"lazyxla has no quantized tensors ({t.dtype}): call .dequantize() before moving it to lazyxla, "
+            "or keep quantized work on the CPU"
+        )
+
+
 def host_array(t: torch.Tensor) -> np.ndarray:
     """A private C-contiguous numpy copy of a CPU tensor, in the dtype jax uses for it."""
     t = t.detach()
-    if t.layout != torch.strided:
-        raise TypeError(f"lazyxla tensors are dense: convert this {t.layout} tensor with .to_dense() first")
+    check_dense(t)
     if torch_private.is_zerotensor(t):  # autograd's symbolic zeros have no storage
         t = torch.zeros(t.shape, dtype=t.dtype)
     if t.dtype == torch.bfloat16:

@@ -391,7 +391,11 @@ def _inplace_kernel(name: str, original):
                 if scalar_op is not op:  # its Scalar overload: dispatched from the top (our kernel of it included)
                     return scalar_op(self, *args, **kwargs)
                 break
-        return original.call_boxed(keyset, self, *args, **kwargs)
+        try:
+            return original.call_boxed(keyset, self, *args, **kwargs)
+        except Exception as e:  # a Python decomposition's wording (or type): raise the CPU kernel's, as CUDA does
+            check.raise_cpu_error_instead(op, (self, *args), kwargs, e, _flags["check_max_elements"])
+            raise
 
     kernel.with_keyset = True
     return kernel

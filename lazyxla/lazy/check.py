@@ -159,6 +159,41 @@ def raise_cpu_error(func, build, *, random: bool = False, meta_error: BaseExcept
         raise err.with_traceback(None)
 
 
+def raise_cpu_error_instead(func, args: tuple, kwargs: dict, error: BaseException, limit: int) -> None:
+    """Raise, in place of ``error``, what PyTorch's CPU kernel raises for ``func(*args, **kwargs)`` on stand-ins
+    of its tensors, if it raises (``limit``: the most elements the CPU kernel is run on, 0 for none); else
+    return, and the caller raises ``error``.
+
+    Called only once a call has failed: an in-place op reaches PyTorch's Python decompositions (``torch._refs``,
+    meta kernels), which word errors otherwise than the native kernels every device shares, or raise another
+    type: ``x.clamp_()`` raises ``RuntimeError: At least one of 'min' or 'max' must not be None`` as on the
+    CPU, not the reference's ``ValueError``.
+    """
+    tensors = [x for x in torch_private.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if limit <= 0 or numel([Aval(tuple(t.shape), t.dtype) for t in tensors]) > limit:
+        return
+
+    def build(make):
+        return _standin_args(args, make), {k: _standin_args(v, make) for k, v in kwargs.items()}
+
+    # only an error that does not depend on the values (the same for both fills: a mask's count does)
+    with torch_private.disable_functorch(), torch_private.disable_torch_dispatch():
+        errors = [_run(func, build, _stand_in(fill, False, set()), True) for fill in (1, 0)]
+    first, second = errors
+    if first is None or second is None or (type(first), str(first)) != (type(second), str(second)):
+        return
+    msg = str(first)
+    if (
+        isinstance(first, NotImplementedError)
+        or _UNWORDED.search(msg)
+        or _CPU_GAP.search(msg)
+        or _NO_CPU_KERNEL.search(msg)
+    ):
+        return  # an internal check, or the CPU's own gap: the original error says more
+    first.add_note(_NOTE)
+    raise first.with_traceback(None)
+
+
 # ---- out= calls: functionalization turns them into the functional op and a copy into ``out``, so the
 # out= kernel's own checks (``out``'s dtype: gather, amax, multinomial, complex, ...) never run ----
 

@@ -107,6 +107,7 @@ def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
     """A bare LazyTensor on lazyxla device ``device`` holding a copy of the CPU tensor ``t``; a knowable value
     is kept on the host (``t`` itself: the caller gives a tensor nobody else writes to) and put on the device
     only when a program first takes it (``Node.payload``)."""
+    devices.check_dense(t)  # before its shape: a nested tensor has none to ask
     aval = Aval(tuple(t.shape), t.dtype)
     if knowable(t):
         n = leaf(Leaf.DATA, None, aval, device)

@@ -219,7 +219,7 @@ class _Flat:
         return x
 
     def host_tensor(self, t: torch.Tensor):
-        if t.dim() != 0:
+        if t.dim() != 0 or t.is_meta:  # a meta tensor: the op runs on meta (``record._on_meta``)
             raise DeviceMismatch(
                 "Expected all tensors to be on the same device, but found at least two devices, "
                 f"{devices.torch_device(self.device or 0)} and {t.device}! Move the tensor with .to(lazyxla.device()) "
@@ -328,8 +328,9 @@ def _spec(out, avals: list):
 
 def _meta_key(func, ckey, flat: _Flat) -> tuple:
     # a Python number shares its aval with a 0-d tensor, but not PyTorch's promotion rules; an int input's value
-    # class keys apart the values PyTorch's checks treat differently (``int_range``)
-    return (func, ckey, tuple(_subst_key(s) for s in flat.meta_subst))
+    # class keys apart the values PyTorch's checks treat differently (``int_range``); the default dtype decides
+    # factories' and true division's float dtype (``torch.set_default_dtype(torch.float64)``)
+    return (func, ckey, tuple(_subst_key(s) for s in flat.meta_subst), torch.get_default_dtype())
 
 
 def _subst_key(s):
@@ -568,10 +569,18 @@ def _record_general(func, args, kwargs):
     template, flat = _flatten(func, args, kwargs)
     ckey = canonical(template)
     spec, avals = _infer(func, template, ckey, flat, args, kwargs)
-    base = op_hash(func, ckey, flat.device)
+    base = op_hash(func, _with_default_dtype(ckey), flat.device)
     random = RULES[func].random
     out = _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base, random)
     return out, (template, base, spec, avals, random)
+
+
+def _with_default_dtype(ckey):
+    """``ckey``, and the default dtype when it is not float32: a Python float compared with an integer tensor is
+    lowered in the default dtype (``to_jax._scalar_dtype``), so programs recorded under another default differ
+    (float32 keeps the plain key, so the common case's hashes and disk-cache keys stay as they were)."""
+    default = torch.get_default_dtype()
+    return ckey if default is torch.float32 else (ckey, str(default))
 
 
 def _finish(func, inputs, template, avals, spec, device, base, random):
@@ -663,6 +672,7 @@ def _signature(func, args, kwargs, pos_scalar, kw_scalar):
     if device == -1:
         return None  # no tensor argument: the general path finds the device
     sig.append(device)
+    sig.append(torch.get_default_dtype())  # it decides promotions with Python floats (``_meta_key``)
     return tuple(sig), tuple(inputs), device
 
 

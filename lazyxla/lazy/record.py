@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from lazyxla import torch_private
 from lazyxla.device.devices import torch_device
 from lazyxla.lazy import bounds, indices
 from lazyxla.lazy.decompose import (
@@ -93,6 +94,26 @@ def _route(func) -> tuple:
 def dispatch(func, args, kwargs):
     """Run one aten op on LazyTensors (below functionalization): handled, recorded, rewritten or run on
     the CPU, in the order of this module's docstring; returns its LazyTensor output(s)."""
+    try:
+        return _dispatch(func, args, kwargs)
+    except DeviceMismatch:
+        if not any(isinstance(x, torch.Tensor) and x.is_meta for x in leaves(args, kwargs)):
+            raise
+    return _on_meta(func, args, kwargs)
+
+
+_META_KEYSET = torch_private.DispatchKeySet(torch_private.DispatchKey.Meta)
+
+
+def _on_meta(func, args, kwargs):
+    """``func`` with a meta tensor among its arguments, as PyTorch runs it for any device: the dispatcher
+    prefers the Meta key, so the op's meta kernel computes it (``x @ meta_weight``: mm's meta kernel makes its
+    output with ``x.new_empty``, an uninitialized lazyxla tensor, as CUDA gets an uninitialized CUDA one; a
+    module before ``to_empty``). Ops whose meta kernel checks devices raise their own error."""
+    return func.redispatch(_META_KEYSET, *args, **kwargs)
+
+
+def _dispatch(func, args, kwargs):
     route = _routes.get(id(func)) or _route(func)
     if route[5] is not None:  # x[i], x[mask]: CPU indices, byte masks and known masks as PyTorch's kernels take them
         args, kwargs = route[5](func, args, kwargs, dispatch)
