@@ -240,13 +240,15 @@ def _out_kernel(name: str, original):
             out_positions, out_names = {i for i, _ in outs}, {k for _, k in outs}
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
-        if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
+        views = any(isinstance(t, torch.Tensor) and _is_view(t) for t in written)
+        if views:  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
-            layout.check_out_views(op, args, kwargs, written)
         inputs = [a for i, a in enumerate(args) if i not in out_positions]
         inputs += [v for k, v in kwargs.items() if k not in out_names]
-        if any(_may_alias(a, written) for a in inputs):  # an input sharing an out= tensor's memory
-            layout.check_inputs(op, args, kwargs, written, inputs)
+        if any(_may_alias(a, written) for a in inputs):  # an input sharing an out= tensor's memory (the CPU's
+            layout.check_inputs(op, args, kwargs, written, inputs)  # first error, before a resize)
+        if views:
+            layout.check_out_views(op, args, kwargs, written)
         args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
 
