@@ -355,3 +355,10 @@ def test_a_cpu_tensor_indexed_by_device_indices_raises_as_on_cuda(index):
     indexed tensor (cpu)"; the same for lazyxla indices."""
     with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
         torch.arange(5.0)[index(lazyxla.device())]
+
+
+@pytest.mark.parametrize("size", [0, 1])
+def test_unfold_of_a_0d_tensor_as_on_cpu(size):
+    # a 0-d tensor unfolds to shape [size] (the rule reshaped its one value to (0,) and failed)
+    fn = lambda dev: torch.tensor(0.5, device=dev).unfold(0, size, 1)  # noqa: E731
+    assert_same(fn(lazyxla.device()), fn(torch.device("cpu")))
