@@ -82,6 +82,52 @@ def _error(fn, *args):
     return None
 
 
+# ---- in-place ops that would broadcast self, and inputs overlapping the written tensor: PyTorch's errors ----
+
+
+def _y(dev):
+    return torch.arange(18.0, device=dev)
+
+
+def _index(dev):
+    return torch.tensor([2, 1, 0], device=dev)
+
+
+ARGUMENT_CASES = {
+    # self smaller than the broadcast shape (meta kernels of atan2_/ge_/remainder_ resized self; masked_scatter_'s
+    # functional form gave a larger result)
+    "atan2_": lambda dev: torch.ones(1, 3, device=dev).atan2_(torch.ones(4, 3, device=dev)),
+    "ge_": lambda dev: torch.ones(1, 3, device=dev).ge_(torch.ones(4, 3, device=dev)),
+    "remainder_": lambda dev: torch.ones(1, 3, device=dev).remainder_(torch.ones(4, 3, device=dev)),
+    "masked_scatter_": lambda dev: torch.ones(1, 3, device=dev).masked_scatter_(
+        torch.ones(4, 3, device=dev) > 0, torch.ones(12, device=dev)
+    ),
+    "lerp_": lambda dev: torch.ones(1, 3, device=dev).lerp_(torch.ones(4, 3, device=dev), 0.5),
+    "broadcast_other": lambda dev: torch.ones(4, 3, device=dev).atan2_(torch.ones(3, device=dev)),
+    # inputs sharing the written tensor's memory
+    "copy_partial": lambda dev: _y(dev)[0:9].copy_(_y(dev)[1:10]),
+    "copy_partial_same_base": lambda dev: (lambda y: y[0:9].copy_(y[1:10]))(_y(dev)),
+    "copy_same": lambda dev: (lambda y: y[0:9].copy_(y[0:9]))(_y(dev)),
+    "copy_disjoint": lambda dev: (lambda y: y[0:9].copy_(y[9:18]))(_y(dev)),
+    "add_partial": lambda dev: (lambda y: y[0:9].add_(y[1:10]))(_y(dev)),
+    "add_itself": lambda dev: (lambda y: y.add_(y))(_y(dev)),
+    "out_partial": lambda dev: (lambda y: torch.add(y[1:10], 1, out=y[0:9]))(_y(dev)),
+    "index_add_view": lambda dev: (lambda y: y.index_add_(0, _index(dev), y[:3]))(_y(dev)),
+    "index_add_index": lambda dev: (lambda i: i.index_add_(0, i, i.clone()))(_index(dev)),
+    "index_fill_index": lambda dev: (lambda i: i.index_fill_(0, i, 0))(_index(dev)),
+    "index_copy_view": lambda dev: (lambda y: y.index_copy_(0, _index(dev), y[:3]))(_y(dev)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENT_CASES))
+def test_inplace_arguments_checked_as_on_cpu(name):
+    fn = ARGUMENT_CASES[name]
+    expected = _error(fn, torch.device("cpu"))
+    assert _error(fn, lazyxla.device()) == expected
+    if expected is None:
+        assert_same(fn(lazyxla.device()), fn(torch.device("cpu")))
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -413,3 +459,10 @@ def test_module_to_empty_from_meta():
             m.weight.copy_(weight)
         results.append(m(x.to(device)))
     assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("size", [0, 1])
+def test_unfold_of_a_0d_tensor_as_on_cpu(size):
+    # a 0-d tensor unfolds to shape [size] (the rule reshaped its one value to (0,) and failed)
+    fn = lambda dev: torch.tensor(0.5, device=dev).unfold(0, size, 1)  # noqa: E731
+    assert_same(fn(lazyxla.device()), fn(torch.device("cpu")))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import jax
 import pytest
 import torch
 import torch.nn.functional as F
 
 import lazyxla
+from lazyxla.lowering.rules.common import flat_draw
 
 N = 200_000  # samples for the statistical checks; bounds below are >= 5 standard errors
 
@@ -195,3 +197,24 @@ def test_random_steps_compile_once(dev):
     seen.append(step())
     assert lazyxla.metrics.counters().get("compiles", 0) == compiles
     assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "normal", "exponential", "cauchy", "randint"])
+def test_flat_draws_are_the_shaped_draws(sampler):
+    # rules draw over the element count and reshape (a 5-d draw compiled ~6x slower): the values must be exactly
+    # those of the shaped draw, so that a tensor's random values do not depend on how the rule draws them
+    key = jax.random.PRNGKey(7)
+    draw = getattr(jax.random, sampler)
+    args = (0, 10) if sampler == "randint" else ()
+    shape = (2, 3, 1, 4, 5)
+    assert (flat_draw(draw, key, shape, *args) == draw(key, shape, *args)).all()
+
+
+def test_randn_of_a_shape_is_its_flat_draw_reshaped():
+    # a 5-d randn holds the values of the same count drawn 1-d with the same seed (one RNG stream, any shape)
+    dev = lazyxla.device()
+    torch.manual_seed(3)
+    a = torch.randn(2, 3, 6, 7, 2, device=dev).cpu()
+    torch.manual_seed(3)
+    b = torch.randn(504, device=dev).cpu()
+    assert torch.equal(a.reshape(-1), b)

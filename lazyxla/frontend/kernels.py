@@ -160,6 +160,8 @@ def _copy_(keyset, self, src, non_blocking=False):
         return self.copy_(src.to(self.device), non_blocking)
     if _is_view(self):  # an expanded view: PyTorch's internal-overlap error (frontend/layout.py)
         layout.check_written(aten.copy_.default, (self, src, non_blocking), {}, (self,))
+    if on_device(src) and (_is_view(self) or _is_view(src)):  # y[:9].copy_(y[1:10]): PyTorch's overlap error
+        layout.check_inputs(aten.copy_.default, (self, src, non_blocking), {}, (self,), (src,))
     return _AUTOGRAD_COPY.call_boxed(keyset, self, src, non_blocking)
 
 
@@ -300,17 +302,24 @@ AUTOGRAD_KERNELS = {
 
 
 def _out_kernel(name: str, original):
-    op = outs = None
+    op = outs = out_positions = out_names = None
 
     def kernel(keyset, *args, **kwargs):
-        nonlocal op, outs
+        nonlocal op, outs, out_positions, out_names
         if op is None:  # resolved at the first call: 1100 OpOverloads at import cost ~0.1 s
             op = _overload(name)
             outs = [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.is_out]
+            out_positions, out_names = {i for i, _ in outs}, {k for _, k in outs}
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
-        if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
+        views = any(isinstance(t, torch.Tensor) and _is_view(t) for t in written)
+        if views:  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
+        inputs = [a for i, a in enumerate(args) if i not in out_positions]
+        inputs += [v for k, v in kwargs.items() if k not in out_names]
+        if any(_may_alias(a, written) for a in inputs):  # an input sharing an out= tensor's memory (the CPU's
+            layout.check_inputs(op, args, kwargs, written, inputs)  # first error, before a resize)
+        if views:
             layout.check_out_views(op, args, kwargs, written)
         args, kwargs = _numbers_as_tensors(op, args, kwargs)
         return original.call_boxed(keyset, *args, **kwargs)
@@ -320,6 +329,16 @@ def _out_kernel(name: str, original):
 
 
 _NUMBER = (bool, int, float, complex)
+
+
+def _may_alias(a, written: list) -> bool:
+    """Whether the argument ``a`` (a tensor or a list of them) may share memory with a tensor of ``written``: it is
+    one of them, or a view, or ``written`` holds a view (frontend/layout.py decides)."""
+    if isinstance(a, (list, tuple)):
+        return any(_may_alias(e, written) for e in a)
+    if not isinstance(a, torch.Tensor):
+        return False
+    return _is_view(a) or any(w is a or (isinstance(w, torch.Tensor) and _is_view(w)) for w in written)
 
 
 def _numbers_as_tensors(op, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -385,6 +404,7 @@ def _inplace_kernel(name: str, original):
             tensors = {a.name for a in op._schema.arguments if _is_tensor_arg(a)}
         if _is_view(self):
             layout.check_written(op, (self, *args), kwargs, (self,))
+        _check_inplace_args(op, self, args, kwargs)
         for a in args:
             if type(a) in _NUMBER:  # ``x.add_(1)``: a number C++ wrapped as a tensor
                 scalar_op, args, kwargs = _wrapped_numbers(op, tensors, args, kwargs)
@@ -399,6 +419,25 @@ def _inplace_kernel(name: str, original):
 
     kernel.with_keyset = True
     return kernel
+
+
+def _check_inplace_args(op, self, args: tuple, kwargs: dict) -> None:
+    """PyTorch's checks of an in-place op's other tensor arguments, which functionalization skips (one pass over
+    the arguments; frontend/layout.py asks the meta or CPU kernel only when a shape differs or an argument may
+    share ``self``'s memory): ``self`` is never broadcast to a larger shape, and an input overlapping ``self``
+    partially (``y[:9].add_(y[1:10])``) is refused."""
+    shape, differs = self.shape, False
+    aliased = _is_view(self)
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            differs = differs or a.shape != shape
+            aliased = aliased or a is self or _is_view(a)
+        elif isinstance(a, (list, tuple)):  # index_put_'s indices
+            aliased = aliased or any(isinstance(e, torch.Tensor) and (e is self or _is_view(e)) for e in a)
+    if differs:
+        layout.check_inplace_shape(op, (self, *args), kwargs)
+    if aliased:
+        layout.check_inputs(op, (self, *args), kwargs, (self,), (*args, *kwargs.values()))
 
 
 def _wrapped_numbers(op, tensors: set, args: tuple, kwargs: dict) -> tuple:

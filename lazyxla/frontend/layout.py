@@ -31,6 +31,7 @@ from lazyxla import torch_private
 aten = torch.ops.aten
 _META = torch.device("meta")
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+_UNSUPPORTED = "unsupported operation:"  # PyTorch's overlap errors (internal, input/output, index ops)
 # view metas whose op can give a stride 0 (every overlap starts with one of them)
 _STRIDE_0 = frozenset({"expand_ViewMeta", "as_strided_ViewMeta"})
 _LIMIT = 10_000  # memo entries before starting over (chains that keep changing)
@@ -140,6 +141,182 @@ def check_written(op, args: tuple, kwargs: dict, written) -> None:
             raise RuntimeError(message)
 
 
+def check_inputs(op, args: tuple, kwargs: dict, written, inputs) -> None:
+    """Raise PyTorch's input/output overlap error if ``op`` writes to a tensor of ``written`` that shares memory
+    with a tensor of ``inputs`` (the op's other tensor arguments) in a way PyTorch's CPU kernel refuses.
+
+    On the CPU, ``y[:9].copy_(y[1:10])`` raises "unsupported operation: some elements of the input tensor and the
+    written-to tensor refer to a single memory location" (a partial overlap; ``x.copy_(x)`` is allowed), and
+    ``y.index_add_(0, i, y[:3])`` refuses any overlap. On lazyxla functionalization computed such ops out of place,
+    silently. A tensor aliases a written one when it is the same tensor, or both are the same storage's base or
+    its views (``t._base``). Only then are both views replayed on one CPU tensor of their base (their real
+    layouts, sharing its memory) and PyTorch's CPU kernel asked on those stand-ins, memoized per op, layouts and
+    argument shapes. The common call (no view among the arguments, no argument written too) costs a few
+    identity checks and one C call per tensor argument.
+
+    Example::
+
+        check_inputs(aten.copy_.default, (y[:9], y[1:10]), {}, (y[:9],), (y[1:10],))   # raises
+    """
+    for w in written:
+        if not (isinstance(w, torch.Tensor) and torch_private.is_functional(w)):
+            continue
+        aliased = _aliasing(w, inputs)
+        if aliased:
+            _check_aliased(op, args, kwargs, w, aliased)
+
+
+def _aliasing(w: torch.Tensor, inputs) -> list:
+    """The tensors of ``inputs`` (one level of lists included) that share ``w``'s storage: ``w`` itself, or the
+    same base or its views."""
+    root = torch_private.view_base(w) if torch_private.is_view(w) else w
+    found = []
+    for x in inputs:
+        if isinstance(x, (list, tuple)):
+            found += _aliasing(w, [e for e in x if isinstance(e, torch.Tensor)])
+        elif isinstance(x, torch.Tensor) and (
+            x is w or x is root or (torch_private.is_view(x) and torch_private.view_base(x) is root)
+        ):
+            found.append(x)
+    return found
+
+
+def _check_aliased(op, args: tuple, kwargs: dict, w: torch.Tensor, aliased: list) -> None:
+    keys = [_key(t) for t in (w, *aliased)]
+    if any(k is None for k in keys) or len({k[:2] for k in keys}) != 1:
+        return  # a layout not known (or a dtype view of the storage): no check
+    try:
+        verdict_key = (id(op), *keys, _shapes(args), _shapes(tuple(kwargs.items())), _positions(args, w, aliased))
+        hash(verdict_key)
+    except TypeError:  # an unhashable argument
+        return
+    if verdict_key not in _verdicts:
+        _remember(_verdicts, verdict_key, _cpu_alias_verdict(op, args, kwargs, (w, *aliased), keys))
+    message = _verdicts[verdict_key]
+    if message is not None:
+        raise RuntimeError(message)
+
+
+def _shapes(x):
+    """What a call's overlap or broadcast verdict depends on: tensors' shapes and dtypes, other arguments (but not
+    float values, which a loop changes: ``add_(x, alpha=-lr)``)."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_shapes(e) for e in x)
+    if isinstance(x, (float, complex)):
+        return type(x)
+    return x
+
+
+def _positions(args: tuple, w, aliased: list) -> tuple:
+    """Which arguments are the written tensor or which of its aliases (the verdict's memo key)."""
+    return tuple(
+        (i, next((j for j, t in enumerate((w, *aliased)) if t is a), -1))
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor)
+    )
+
+
+def _cpu_alias_verdict(op, args: tuple, kwargs: dict, tensors: tuple, keys: list) -> str | None:
+    """PyTorch's CPU overlap error for ``op`` called with ``tensors`` (a written tensor and its aliases) as views of
+    one CPU tensor with their lazyxla layouts (``keys``); other tensors are zeros of their shapes."""
+    shape, dtype, _ = keys[0]
+    base = torch.zeros(shape, dtype=dtype)
+    views = {}
+    for t, key in zip(tensors, keys):
+        view = _replay(key, base)
+        if view is None:
+            return None
+        views[id(t)] = view
+
+    def stand_in(x):
+        if isinstance(x, torch.Tensor):
+            return views[id(x)] if id(x) in views else torch.zeros(x.shape, dtype=x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(stand_in(e) for e in x)
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+
+    return _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, _UNSUPPORTED)
+
+
+def check_inplace_shape(op, args: tuple, kwargs: dict) -> None:
+    """Raise PyTorch's broadcast error if the in-place op ``op`` would give ``args[0]`` (``self``) another shape.
+
+    PyTorch's in-place kernels never resize ``self``: ``a.atan2_(b)`` with ``a`` of shape (1, 3) and ``b`` of
+    shape (4, 3) raises "output with shape [1, 3] doesn't match the broadcast shape [4, 3]". Functionalization
+    checks an in-place op's shapes with its meta kernel, and some of PyTorch's meta kernels (``atan2_``, ``ge_``,
+    ``remainder_``, ... written as an out= call into ``self``) resize ``self`` instead, so lazyxla gave ``a`` a
+    new shape. Called when a tensor argument's shape differs from ``self``'s; the meta kernel's answer is memoized
+    per op and argument shapes.
+
+    Example::
+
+        check_inplace_shape(aten.atan2_.default, (a, b), {})     # a: (1, 3), b: (4, 3): raises
+    """
+    try:
+        key = (id(op), _shapes(args), _shapes(tuple(kwargs.items())))
+        found = _reshaped.get(key, False)
+    except TypeError:  # an unhashable argument: asked every time
+        key, found = None, False
+    if found is False:
+        found = _reshape_error(op, args, kwargs)
+        if key is not None:
+            _remember(_reshaped, key, found)
+    if found is not None:
+        raise RuntimeError(found)
+
+
+_reshaped: dict = {}  # (id(op), argument shapes) -> the error of an in-place op that would reshape self, or None
+
+
+def _reshape_error(op, args: tuple, kwargs: dict) -> str | None:
+    """The error PyTorch raises for the in-place ``op`` whose result (by its meta kernel, or its functional form's,
+    which functionalization runs) has another shape than ``self``: the CPU kernel's, asked on stand-ins (zeros of
+    the arguments' shapes), else TensorIterator's broadcast message."""
+    self = args[0]
+    found = _meta_resizes(op, args, kwargs, [self])
+    new = found[1] if found is not None else _functional_shape(op, args, kwargs)
+    if new is None or tuple(new) == tuple(self.shape):
+        return None
+
+    def stand_in(x):
+        if isinstance(x, torch.Tensor):
+            return torch.zeros(x.shape, dtype=x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(stand_in(e) for e in x)
+        return torch.device("cpu") if isinstance(x, torch.device) else x
+
+    message = _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, "")
+    return message or f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(new)}"
+
+
+def _functional_shape(op, args: tuple, kwargs: dict) -> tuple | None:
+    """The shape of the result of ``op``'s functional form (``masked_scatter`` for ``masked_scatter_``) on meta
+    stand-ins; None where it has none or its meta kernel fails."""
+    packet, overload = op._schema.name.removeprefix("aten::"), op._overloadname
+    functional = getattr(getattr(aten, packet[:-1], None), overload, None) if packet.endswith("_") else None
+    if functional is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = functional(*_metas(args), **{k: _metas(v) for k, v in kwargs.items()})
+    except Exception:  # no meta kernel, or an error the real call raises itself
+        return None
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else None
+
+
+def _metas(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty(x.shape, dtype=x.dtype, device=_META)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_metas(e) for e in x)
+    return _META if isinstance(x, torch.device) else x
+
+
 def check_out_views(op, args: tuple, kwargs: dict, written) -> None:
     """Raise a clear error if the out= op ``op`` would resize an ``out`` tensor that is a view of another.
 
@@ -241,9 +418,10 @@ def _layout(key: tuple) -> torch.Tensor | None:
     return found
 
 
-def _replay(key: tuple) -> torch.Tensor | None:
+def _replay(key: tuple, base: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The view ``key`` describes, made by its view ops from ``base`` (a meta tensor of its base's shape if none)."""
     shape, dtype, chain = key
-    t = torch.empty(shape, dtype=dtype, device=_META)
+    t = torch.empty(shape, dtype=dtype, device=_META) if base is None else base
     try:
         for name, fields in chain:
             # fields: reapply_views, [out_index,] symbolic, InverseReturnMode, *the op's arguments
@@ -295,12 +473,17 @@ def _cpu_verdict(op, args: tuple, kwargs: dict, written: torch.Tensor, layout: t
             return torch.device("cpu")
         return x
 
+    return _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, _OVERLAP)
+
+
+def _cpu_error(op, args: tuple, kwargs: dict, wanted: str) -> str | None:
+    """The first line of the error PyTorch's CPU kernel raises for ``op`` on stand-ins, if it contains ``wanted``."""
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.no_grad():
             warnings.simplefilter("ignore")  # the CPU's deprecation warnings for stand-ins are not the user's
-            op(*stand_in(args), **{k: stand_in(v) for k, v in kwargs.items()})
+            op(*args, **kwargs)
     except RuntimeError as e:
-        if _OVERLAP in str(e):
+        if wanted in str(e):
             return str(e).split("\n")[0]
     except Exception:  # the stand-ins' values are not the user's: no other error is PyTorch's answer here
         pass

@@ -35,6 +35,16 @@ DLPACK = (
 QUANTIZED = "quantized tensors (torch.quint8/qint8/qint32): XLA buffers hold plain dtypes (torch_xla has none either)"
 NESTED = "nested tensors (torch.nested): lazyxla tensors are dense arrays of one shape (XLA has no jagged buffers)"
 
+RANDOM_STREAM = (
+    "random streams: lazyxla draws from JAX's generator, not the CPU's Mersenne Twister, so a seeded statistical "
+    "test sees other samples; its p-value bound (1.0 +- 0.1 from 1,000 samples) fails for some seeds on the CPU "
+    "too (measured 6 of 30 seeds on the CPU, 3 of 30 on lazyxla)"
+)
+CPU_ONLY_MAP = (
+    "Tensor.map_/map2_ (a Python callback per element) are CPU-only in PyTorch: CUDA raises the same TypeError, "
+    "and the test returns early for CUDA tensors"
+)
+
 # (pattern over the node id, reason)
 LISTED: tuple[tuple[str, str], ...] = (
     (r"_sparse|sparse_|to_sparse|Sparse", SPARSE),
@@ -53,6 +63,11 @@ LISTED: tuple[tuple[str, str], ...] = (
         r"test_upsamplingBiMode2d_.*_memory_format1_lazyxla|test_upsamplingTrilinear3d_align_corners_\w+_lazyxla",
         STRIDES,
     ),
+    # test_copy_ copies from every dtype, complex32 included, into the parametrized one (it passes without it)
+    (r"::test_copy__(lazyxla|privateuse1)", COMPLEX32),
+    (r"::test_diff_noncontig_", STRIDES),  # its own comment: "All tensors appear contiguous on XLA"
+    (r"::test_geometric_kstest_", RANDOM_STREAM),
+    (r"::test_broadcast_fn_map2?_(lazyxla|privateuse1)", CPU_ONLY_MAP),
 )
 
 # (pattern over the error text, label): the failure causes the summary names rather than quotes

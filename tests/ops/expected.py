@@ -222,18 +222,7 @@ INPUT_ONLY_ON_DEVICE = {
 
 # OpInfo error inputs (tests/ops/test_error_inputs.py) that do not raise on lazyxla as on the CPU, keyed by
 # (op id, the ErrorInput's error_regex), with the reason.
-_OVERLAP = (
-    "an out= (or cat's) tensor that overlaps an input, or itself, in memory: PyTorch's kernels refuse it, but "
-    "lazyxla's user-visible tensors are functionalization wrappers whose strides and storage offsets are not "
-    "those of the real view (an expand reads as contiguous), so the overlap cannot be seen at the call; "
-    "functionalization computes the op out of place and writes the result back"
-)
 ERROR_INPUT_FAILURES: dict[tuple[str, str], str] = {
-    **{
-        (op, "unsupported operation"): _OVERLAP
-        for op in ("kthvalue", "masked_select", "gather", "index_select", "take", "bernoulli", "cat")
-    },
-    ("cat", "the written-to tensor refer to a single memory location"): _OVERLAP,
     ("masked_fill", "value cannot be converted to type .* without overflow"): (
         "the right exception type (RuntimeError), another message: the value (1j into an int64 tensor) is a "
         "0-d tensor whose value lazyxla's check does not read (the CPU check runs on stand-in values, 1+0j "

@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from lazyxla.lowering.registry import lowers
-from lazyxla.lowering.rules.common import acc, jax_gelu
+from lazyxla.lowering.rules.common import acc, flat_draw, jax_gelu
 
 aten = torch.ops.aten
 
@@ -111,7 +111,7 @@ def _silu_backward(ctx, g, x):
 def _native_dropout(ctx, x, p, train):
     if train is False:
         return x, jnp.ones(x.shape, bool)
-    keep = jax.random.uniform(ctx.key, x.shape, jnp.float32) >= p
+    keep = flat_draw(jax.random.uniform, ctx.key, x.shape, jnp.float32) >= p
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return jnp.where(keep, x * jnp.asarray(scale, x.dtype), 0), keep
 

@@ -5,6 +5,8 @@ A rule family module imports helpers from here, never from another family module
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -61,6 +63,21 @@ _NORMS = {
     1: lambda a, axes, p: jnp.sum(a, axis=axes),
     2: lambda a, axes, p: jnp.sqrt(jnp.sum(a * a, axis=axes)),
 }
+
+
+def flat_draw(draw, key, shape, *args):
+    """``draw(key, shape, *args)`` (a ``jax.random`` sampler of independent elements) drawn over the shape's
+    element count, then reshaped.
+
+    The values are the same (JAX's threefry, in its default partitionable form, counts elements by their flat
+    index), but XLA compiles the 1-d draw several times faster: a (2, 3, 6, 7, 2) ``randn`` took 4.8 s to compile,
+    its 504-element draw 0.8 s, and PyTorch's tests (``torch.randn(2, 3, 6, r, m)`` per case) compiled one per shape.
+
+    Example::
+
+        flat_draw(jax.random.normal, key, (2, 3, 4), jnp.float32)    # == jax.random.normal(key, (2, 3, 4), jnp.float32)
+    """
+    return draw(key, (math.prod(shape),), *args).reshape(shape)
 
 
 def vector_norm(a, axes, p):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 
 from lazyxla.lowering.registry import lowers
+from lazyxla.lowering.rules.common import flat_draw
 
 aten = torch.ops.aten
 
@@ -25,13 +26,13 @@ def _float(ctx):
 
 
 def _uniform01(ctx):
-    return jax.random.uniform(ctx.key, ctx.shape, _float(ctx))
+    return flat_draw(jax.random.uniform, ctx.key, ctx.shape, _float(ctx))
 
 
 def _randint(key, shape, low: int, high: int):
     """Integers in [low, high), drawn in int32 when the range fits."""
     fits = low >= -(2**31) and high <= 2**31
-    return jax.random.randint(key, shape, low, high, jnp.int32 if fits else jnp.int64)
+    return flat_draw(jax.random.randint, key, shape, low, high, jnp.int32 if fits else jnp.int64)
 
 
 def _max_random(dtype) -> int:
@@ -48,22 +49,22 @@ def _max_random(dtype) -> int:
 
 @lowers(aten.uniform.default, random=True)
 def _uniform(ctx, x, from_=0.0, to=1.0, **_):
-    return jax.random.uniform(ctx.key, ctx.shape, _float(ctx), from_, to)
+    return flat_draw(jax.random.uniform, ctx.key, ctx.shape, _float(ctx), from_, to)
 
 
 @lowers(aten.normal_functional.default, random=True)
 def _normal_functional(ctx, x, mean=0.0, std=1.0, **_):
-    return jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean
+    return flat_draw(jax.random.normal, ctx.key, ctx.shape, _float(ctx)) * std + mean
 
 
 @lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True)
 def _normal(ctx, mean=0.0, std=1.0, **_):
-    return jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean
+    return flat_draw(jax.random.normal, ctx.key, ctx.shape, _float(ctx)) * std + mean
 
 
 @lowers(aten.normal.float_float, random=True)
 def _normal_float(ctx, mean, std, size, **_):
-    return jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean
+    return flat_draw(jax.random.normal, ctx.key, ctx.shape, _float(ctx)) * std + mean
 
 
 # rand/randn and their _like forms: only the output aval matters (size or the like-tensor give it)
@@ -74,12 +75,12 @@ def _rand(ctx, size_or_like, **_):
 
 @lowers(aten.randn.default, aten.randn.generator, aten.randn_like.default, aten.randn_like.generator, random=True)
 def _randn(ctx, size_or_like, **_):
-    return jax.random.normal(ctx.key, ctx.shape, _float(ctx))
+    return flat_draw(jax.random.normal, ctx.key, ctx.shape, _float(ctx))
 
 
 @lowers(aten.exponential.default, random=True)
 def _exponential(ctx, x, lambd=1.0, **_):
-    return jax.random.exponential(ctx.key, ctx.shape, _float(ctx)) / lambd
+    return flat_draw(jax.random.exponential, ctx.key, ctx.shape, _float(ctx)) / lambd
 
 
 @lowers(aten.geometric.default, random=True)
@@ -91,12 +92,12 @@ def _geometric(ctx, x, p, **_):
 
 @lowers(aten.log_normal.default, random=True)
 def _log_normal(ctx, x, mean=1.0, std=2.0, **_):
-    return jnp.exp(jax.random.normal(ctx.key, ctx.shape, _float(ctx)) * std + mean)
+    return jnp.exp(flat_draw(jax.random.normal, ctx.key, ctx.shape, _float(ctx)) * std + mean)
 
 
 @lowers(aten.cauchy.default, random=True)
 def _cauchy(ctx, x, median=0.0, sigma=1.0, **_):
-    return median + sigma * jax.random.cauchy(ctx.key, ctx.shape, _float(ctx))
+    return median + sigma * flat_draw(jax.random.cauchy, ctx.key, ctx.shape, _float(ctx))
 
 
 @lowers(aten.bernoulli.p, random=True)
@@ -151,7 +152,7 @@ def _randint_like_low(ctx, x, low, high, **_):
 @lowers(aten.randint_like.Tensor, aten.randint_like.Tensor_generator, random=True)
 def _randint_like_tensor(ctx, x, high, **_):
     # a bound known only on the device: scale a uniform draw
-    u = jax.random.uniform(ctx.key, ctx.shape, jnp.float64 if high.dtype == jnp.int64 else jnp.float32)
+    u = flat_draw(jax.random.uniform, ctx.key, ctx.shape, jnp.float64 if high.dtype == jnp.int64 else jnp.float32)
     return jnp.minimum(jnp.floor(u * high), high - 1)
 
 
@@ -175,6 +176,6 @@ def _multinomial(ctx, probs, num_samples, replacement=False, **_):
 def _rrelu_with_noise(ctx, x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
     if not training:
         return jnp.where(x >= 0, x, x * ((lower + upper) / 2)), noise
-    slope = jax.random.uniform(ctx.key, x.shape, _float(ctx)) * (upper - lower) + lower
+    slope = flat_draw(jax.random.uniform, ctx.key, x.shape, _float(ctx)) * (upper - lower) + lower
     noise = jnp.where(x >= 0, 1, slope).astype(x.dtype)
     return x * noise, noise

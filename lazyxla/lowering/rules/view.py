@@ -171,8 +171,8 @@ def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
 
 @lowers(aten.unfold_copy.default, aten.unfold.default)
 def _unfold(ctx, x, dimension, size, step):
-    if x.ndim == 0:
-        return x.reshape(ctx.shape)
+    if x.ndim == 0:  # a 0-d tensor gives shape [size]: [] for size 0, [x] for size 1
+        return jnp.broadcast_to(x, ctx.shape)
     dim = norm_dim(dimension, x.ndim)
     n = ctx.shape[dim]
     windows = jnp.arange(n)[:, None] * step + jnp.arange(size)[None, :]
