@@ -44,6 +44,7 @@ import torch.utils.dlpack
 
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
+from lazyxla.frontend.layout import cpu_layout
 from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.util import atomic_write, contiguous_strides
@@ -266,6 +267,30 @@ def _identifying(data_ptr):
     return identified
 
 
+def _addressing(data_ptr):
+    """``Tensor.data_ptr`` that answers for a lazyxla tensor as for a CUDA one: its storage's address
+    (``_identifying``) plus, in bytes, the offset the tensor has in that storage on the CPU (a view's, replayed from
+    its view metas by ``layout.cpu_layout``; the wrapper itself reports offset 0). PyTorch's answer was 0 for every
+    lazyxla tensor, so every tensor seemed to alias every other: ``a[None]`` and ``a[...]`` (views) now give ``a``'s
+    address, ``a[1]`` one inside it, and ``a[True]`` or a clone (new storages) another. An empty storage's
+    address is 0, as on the CPU. The addresses name storages, not memory: a far offset into one may equal another's."""
+
+    @functools.wraps(data_ptr)
+    def addressed(self):
+        address = data_ptr(self)
+        if address or not _is_lazyxla(self):  # a CPU/CUDA tensor pays this test only
+            return address
+        start = self.untyped_storage().data_ptr()  # _identifying's answer (0 for an empty storage)
+        if not start:
+            return 0
+        layout = cpu_layout(self) if torch_private.is_view(self) else None
+        offset = self.storage_offset() if layout is None else layout.storage_offset()
+        return start + offset * self.element_size()
+
+    addressed._lazyxla = True
+    return addressed
+
+
 def _noting_owner(untyped_storage):
     """``Tensor.untyped_storage`` that remembers a lazyxla tensor as its storage's holder (``lazy/special.py``), so
     that the storage can be read and ``set_()`` to."""
@@ -367,6 +392,7 @@ def install() -> None:
         for name in ("__setitem__", "fill_", "copy_", "resize_"):
             torch_private.wrap_storage_method(name, _writing)
         torch_private.wrap_tensor_untyped_storage(_noting_owner)
+        torch_private.wrap_tensor_data_ptr(_addressing)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
