@@ -340,6 +340,9 @@ def no_crash_on_pointers():
     import numpy as np
 
     t = torch.arange(6.0).to(dev)
+    # an address that identifies the storage, offset as on the CPU (a CUDA tensor's is a device address)
+    assert t.data_ptr() == t.untyped_storage().data_ptr() != 0
+    assert t[2:].data_ptr() == t.data_ptr() + 8 and t.clone().data_ptr() != t.data_ptr()
     for bad, errors in (
         (lambda: t.numpy(), TypeError),
         (lambda: np.asarray(t), TypeError),

@@ -146,3 +146,27 @@ def test_out_of_range_indices_read_nan_not_neighbours():
     assert x[bad].cpu()[1].isnan()
     assert torch.nn.functional.embedding(bad, x.reshape(5, 1)).cpu()[1].isnan().all()
     assert x[torch.tensor([-1]).to(dev)].tolist() == [4.0]  # negative indices still wrap
+
+
+def _addresses(a: torch.Tensor) -> dict:
+    """Where each indexing result of ``a`` starts relative to ``a`` (``data_ptr``), None for an empty result's 0."""
+    true, false = (torch.tensor(v, dtype=torch.uint8, device=a.device) for v in (1, 0))
+    results = {"True": a[True], "true": a[true], "None": a[None], "...": a[...], "False": a[False], "false": a[false]}
+    if a.dim():
+        results.update({"1": a[1], "t()[2]": a.t()[2], "[:, 1]": a[:, 1], "view[4:]": a.reshape(-1)[4:]})
+    start = a.data_ptr()
+    return {k: (r.data_ptr() - start if r.data_ptr() else None) for k, r in results.items()}
+
+
+@pytest.mark.parametrize("shape", [(2, 3), ()])
+def test_indexing_results_are_views_or_copies_as_on_the_cpu(shape):
+    """A view's ``data_ptr`` is its base's plus its CPU offset (``a[None]``, ``a[...]``, ``a[1]``); a bool index
+    copies into a storage of its own (``a[True]``): PyTorch's test_index_getitem_copy_bools_slices."""
+    cpu = torch.randn(shape)
+    dev = cpu.to(lazyxla.device())
+    assert dev.data_ptr() != 0
+    expected, actual = _addresses(cpu), _addresses(dev)
+    copies = {"True", "true"}
+    views = {k: v for k, v in expected.items() if k not in copies}
+    assert {k: v for k, v in actual.items() if k not in copies} == views
+    assert all(actual[k] != 0 and expected[k] != 0 for k in copies)  # new storages: other addresses
