@@ -97,6 +97,8 @@ _FACTORIES = (
     "arange",
     "arange.start",
     "arange.start_step",
+    "range",  # its CompositeExplicit kernel resized an empty out= tensor on the CPU
+    "range.step",
     "full",
     "scalar_tensor",
     "linspace",
@@ -301,6 +303,7 @@ AUTOGRAD_KERNELS = {
 
 def _out_kernel(name: str, original):
     op = outs = None
+    fills_by_numel = name.partition(".")[0] in _FILLS_BY_NUMEL
 
     def kernel(keyset, *args, **kwargs):
         nonlocal op, outs
@@ -309,6 +312,8 @@ def _out_kernel(name: str, original):
             outs = [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.is_out]
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
+        if fills_by_numel and (shape := layout.kept_out_shape(op, args, kwargs, written[0])) is not None:
+            return _fill_by_numel(keyset, original, op, outs[0], shape, args, kwargs)
         if any(isinstance(t, torch.Tensor) and _is_view(t) for t in written):  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
             layout.check_out_views(op, args, kwargs, written)
@@ -317,6 +322,29 @@ def _out_kernel(name: str, original):
 
     kernel.with_keyset = True
     return kernel
+
+
+# arange, range, linspace and logspace resize their out= tensor only when its number of elements differs from the
+# result's (ATen's RangeFactories.cpp: ``if (result.numel() != size) result.resize_({size})``): ``torch.arange(9,
+# out=torch.empty(3, 3))`` keeps the shape (3, 3) and fills it in row-major order, through a view too
+# (``out=x.narrow(1, 1, 2)`` writes into ``x``). Functionalization resized it to (9,) (and refused the view): here
+# the op runs into a fresh tensor of the result's shape, copied into ``out`` reshaped to ``out``'s shape.
+_FILLS_BY_NUMEL = frozenset({"arange", "range", "linspace", "logspace"})
+
+
+def _fill_by_numel(keyset, original, op, out_at: tuple, shape, args: tuple, kwargs: dict):
+    i, name = out_at
+    out = args[i] if i < len(args) else kwargs[name]
+    fresh_out = torch.empty(shape, dtype=out.dtype, device=out.device)
+    if i < len(args):
+        args = (*args[:i], fresh_out, *args[i + 1 :])
+    else:
+        kwargs = {**kwargs, name: fresh_out}
+    args, kwargs = _numbers_as_tensors(op, args, kwargs)
+    original.call_boxed(keyset, *args, **kwargs)
+    with torch.no_grad():  # out= ops do not record autograd (PyTorch refuses an out= that requires grad)
+        out.copy_(fresh_out.reshape(out.shape))
+    return out
 
 
 _NUMBER = (bool, int, float, complex)
