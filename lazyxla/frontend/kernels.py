@@ -65,7 +65,20 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _empty(size, dtype, device)
+    """``torch.empty_strided``: a value of ``size``; where ``stride`` spans more elements than that (gaps between
+    them, ``empty_strided((2, 3), (1, 4))``), an ``as_strided`` view of a base of the span, so that its storage has
+    the CPU's size (``storage().size()``, and ``as_strided`` bounds checks against it)."""
+    span = _strided_span(size, stride)
+    if span <= math.prod(size) or _below_functionalization():
+        return _empty(size, dtype, device)
+    return _empty((span,), dtype, device).as_strided(size, stride)
+
+
+def _strided_span(size, stride) -> int:
+    """The elements a CPU storage holds for ``size``/``stride`` (ATen's computeStorageNbytes, in elements)."""
+    if any(n == 0 for n in size):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride))
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -282,7 +295,31 @@ def _fused_step(name: str):
     return kernel
 
 
+_AUTOGRAD_BLOCK_DIAG = torch_private.computed_kernel("aten::block_diag", "AutogradPrivateUse1")
+
+
+def _block_diag(keyset, tensors):
+    """``torch.block_diag`` at AutogradPrivateUse1: PyTorch's own checks of its inputs, in its order and words
+    (TensorShape.cpp), before lazyxla's recorder met a CPU input and raised its generic device-mismatch error;
+    then PyTorch's autograd kernel."""
+    for i, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise RuntimeError(
+                f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input {i} has {t.dim()} dimensions"
+            )
+        if t.device != tensors[0].device:
+            raise RuntimeError(
+                "torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
+                f"{tensors[0].device} and input {i} is on device {t.device}"
+            )
+    return _AUTOGRAD_BLOCK_DIAG.call_boxed(keyset, tensors)
+
+
+_block_diag.with_keyset = True
+
+
 AUTOGRAD_KERNELS = {
+    "block_diag": _block_diag,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,
     "copy_": _copy_,
