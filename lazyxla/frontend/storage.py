@@ -44,6 +44,7 @@ import torch.utils.dlpack
 
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
+from lazyxla.frontend import layout
 from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.util import atomic_write, contiguous_strides
@@ -266,6 +267,25 @@ def _identifying(data_ptr):
     return identified
 
 
+def _tensor_address(data_ptr):
+    """``Tensor.data_ptr`` that answers for a lazyxla tensor as for a CUDA one: its storage's address
+    (``_identifying``) plus its offset in bytes, where PyTorch answered 0 for every lazyxla tensor, so that a copy
+    (``torch.asarray(t, copy=True)``, ``t.clone()``) looked like an alias of ``t``. Views of one storage differ by
+    their offsets on the CPU (frontend/layout.py); an empty tensor answers 0, as on CUDA."""
+
+    @functools.wraps(data_ptr)
+    def addressed(self):
+        address = data_ptr(self)
+        if address or not _is_lazyxla(self) or self.numel() == 0:
+            return address
+        cpu = layout.cpu_layout(self) if torch_private.is_view(self) else None
+        offset = self.storage_offset() if cpu is None else cpu.storage_offset()
+        return self.untyped_storage().data_ptr() + offset * self.element_size()
+
+    addressed._lazyxla = True
+    return addressed
+
+
 def _noting_owner(untyped_storage):
     """``Tensor.untyped_storage`` that remembers a lazyxla tensor as its storage's holder (``lazy/special.py``), so
     that the storage can be read and ``set_()`` to."""
@@ -367,6 +387,7 @@ def install() -> None:
         for name in ("__setitem__", "fill_", "copy_", "resize_"):
             torch_private.wrap_storage_method(name, _writing)
         torch_private.wrap_tensor_untyped_storage(_noting_owner)
+        torch_private.wrap_tensor_data_ptr(_tensor_address)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
