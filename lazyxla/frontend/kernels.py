@@ -134,6 +134,34 @@ for _name in _FACTORIES:
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _overload(_name))
 
 
+# rand and randn recorded whole skipped the CPU kernel's dtype check: ``torch.rand(3, dtype=torch.int64)`` raises
+# on the CPU ('"check_uniform_bounds" not implemented for 'Long'') and gave random integers on lazyxla. The CPU
+# raises it for an empty size too, so one empty draw on the CPU per op and dtype finds it.
+_DRAWS = {"rand": torch.rand, "randn": torch.randn}
+_dtype_errors: dict = {}  # (name, dtype) -> the CPU's error, or None
+
+
+def _checked_draw(name: str, op):
+    def kernel(*args, **kwargs):
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        if (name, dtype) not in _dtype_errors:
+            try:
+                _DRAWS[name](0, dtype=dtype)
+                _dtype_errors[name, dtype] = None
+            except RuntimeError as e:  # NotImplementedError is one
+                _dtype_errors[name, dtype] = e
+        error = _dtype_errors[name, dtype]
+        if error is not None:
+            raise type(error)(str(error))
+        return _backend_kernel(op, *args, **kwargs)
+
+    return kernel
+
+
+for _name in ("rand", "randn"):
+    KERNELS["aten::" + _name] = _checked_draw(_name, _overload(_name))
+
+
 def _scaled_dot_product_attention(
     q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
