@@ -134,10 +134,11 @@ for _name in _FACTORIES:
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _overload(_name))
 
 
-# rand and randn recorded whole skipped the CPU kernel's dtype check: ``torch.rand(3, dtype=torch.int64)`` raises
-# on the CPU ('"check_uniform_bounds" not implemented for 'Long'') and gave random integers on lazyxla. The CPU
-# raises it for an empty size too, so one empty draw on the CPU per op and dtype finds it.
-_DRAWS = {"rand": torch.rand, "randn": torch.randn}
+# rand recorded whole skipped the CPU kernel's dtype check: ``torch.rand(3, dtype=torch.int64)`` raises on the CPU
+# ('"check_uniform_bounds" not implemented for 'Long'') and gave random integers on lazyxla. The CPU raises it for
+# an empty size too, so one empty draw on the CPU per dtype finds it. (randn of an integer dtype raises before
+# reaching here.)
+_DRAWS = {"rand": torch.rand}
 _dtype_errors: dict = {}  # (name, dtype) -> the CPU's error, or None
 
 
@@ -158,8 +159,7 @@ def _checked_draw(name: str, op):
     return kernel
 
 
-for _name in ("rand", "randn"):
-    KERNELS["aten::" + _name] = _checked_draw(_name, _overload(_name))
+KERNELS["aten::rand"] = _checked_draw("rand", _overload("rand"))
 
 
 def _scaled_dot_product_attention(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from lazyxla.lowering.registry import lowers
