@@ -438,6 +438,11 @@ def wrap_tensor_untyped_storage(wrap: Callable[[Callable], Callable]) -> None:
     torch.Tensor.untyped_storage = wrap(torch.Tensor.untyped_storage)
 
 
+def wrap_tensor_data_ptr(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``Tensor.data_ptr`` with ``wrap(PyTorch's)``."""
+    torch.Tensor.data_ptr = wrap(torch.Tensor.data_ptr)
+
+
 # the ops a functionalization wrapper's views went through from its storage's base ([] for the base itself)
 _view_meta_sequence = _C._functionalization.get_view_meta_sequence
 _ALIAS_METAS = frozenset({"detach_ViewMeta", "alias_ViewMeta", "lift_fresh_ViewMeta"})

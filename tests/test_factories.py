@@ -9,6 +9,8 @@ tensor" (Hugging Face's Trainer does ``tr_loss = torch.tensor(0.0, device=dev); 
 
 from __future__ import annotations
 
+import math
+import re
 import warnings
 
 import numpy as np
@@ -16,7 +18,9 @@ import pytest
 import torch
 
 import lazyxla
-from lazyxla.lazy import record
+from lazyxla.lazy import decompose, record
+from lazyxla.lazy.special import lazy_to_cpu
+from lazyxla.lazy.tensor import unwrap
 
 BOOL, I64, F32, BF16, C64 = torch.bool, torch.int64, torch.float32, torch.bfloat16, torch.complex64
 ALL = (BOOL, I64, F32, BF16, C64)
@@ -367,3 +371,156 @@ def test_trainer_running_loss_reset_idiom(dev):
     tr_loss -= tr_loss
     tr_loss += torch.ones(()).to(dev)
     assert tr_loss.item() == 1.0
+
+
+# ---- out= of the range factories, and what PyTorch's device-generic suite (test_tensor_creation_ops) checks ----
+
+
+def _range_out_cases():
+    """(name, fill(out)): arange, range, linspace and logspace into a given out= tensor."""
+    return {
+        "arange": lambda out: torch.arange(0, 6, out=out),
+        "arange_end": lambda out: torch.arange(6, out=out),
+        "range": lambda out: torch.range(0, 5, out=out),
+        "linspace": lambda out: torch.linspace(0, 5, 6, out=out),
+        "logspace": lambda out: torch.logspace(0, 5, 6, base=2, out=out),
+        "linspace_tensors": lambda out: torch.linspace(
+            torch.tensor(0.0, device=out.device), torch.tensor(5.0, device=out.device), 6, out=out
+        ),
+    }
+
+
+# how the out= tensor is made from a base x of shape (2, 4): the same number of elements (6) in another shape
+_OUTS = {
+    "plain_2x3": lambda x: torch.empty(2, 3, device=x.device),
+    "transposed_view": lambda x: x[:, :3].t(),
+    "narrow_view": lambda x: x.narrow(1, 1, 3),
+    "empty_resized": lambda x: torch.empty(0, device=x.device),
+}
+
+
+@pytest.mark.parametrize("out_case", list(_OUTS))
+@pytest.mark.parametrize("name", list(_range_out_cases()))
+def test_range_factory_out_keeps_its_shape_when_the_count_matches_like_cpu(name, out_case, dev):
+    """ATen resizes these out= tensors only when their element count differs: a (2, 3) out keeps its shape and is
+    filled in row-major order, through a view into its base too (lazyxla resized it to (6,), or refused the view)."""
+    fill = _range_out_cases()[name]
+    results = {}
+    for device in ("cpu", dev):
+        x = torch.zeros(2, 4, device=device)
+        out = _OUTS[out_case](x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch.range is deprecated
+            returned = fill(out)
+        assert returned is out
+        results[device] = (out.shape, out.cpu(), x.cpu())
+    assert results[dev][0] == results["cpu"][0]
+    torch.testing.assert_close(results[dev][1], results["cpu"][1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(results[dev][2], results["cpu"][2], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "dtype"),
+    [
+        (args, dtype)
+        for args in [(0, 10), (1, 2, 0.3), (5, 1, -2), (0, 0)]
+        for dtype in [torch.float32, torch.float64, torch.int64, torch.bfloat16]
+        if not (dtype == torch.int64 and args == (1, 2, 0.3))  # integer ranges take integer steps
+    ],
+)
+def test_torch_range_on_the_device_matches_cpu_with_its_one_warning(args, dtype, dev):
+    """torch.range (end included) is recorded on the device; it ran on the CPU into an out= copy that could not
+    be resized ("Trying to resize storage that is not resizable")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.range(*args, dtype=dtype, device=dev).cpu()
+    assert len(caught) == 1 and "torch.range is deprecated" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = torch.range(*args, dtype=dtype)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (0, 2, 0), (3,)])
+@pytest.mark.parametrize("strides", [(12, 4, 1), (2, 4, 6), (0, 0, 0), (1, 2, 6), (7, 1, 30)])
+def test_empty_strided_storage_is_as_large_as_on_cpu(shape, strides, dev):
+    """empty_strided with gaps between its elements has the CPU's storage size, and as_strided of a tensor of that
+    many elements accepts the layout (lazyxla's storage held only the elements: "setStorage: ... out of bounds")."""
+    strides = strides[: len(shape)]
+    cpu = torch.empty_strided(shape, strides)
+    t = torch.empty_strided(shape, strides, device=dev)
+    assert t.shape == cpu.shape
+    assert t.untyped_storage().nbytes() >= cpu.untyped_storage().nbytes()
+    if math.prod(shape) and t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        assert t.untyped_storage().nbytes() == cpu.untyped_storage().nbytes()
+    viewed = torch.empty(t.untyped_storage().nbytes() // t.element_size(), device=dev).as_strided(shape, strides)
+    assert viewed.shape == t.shape
+    filled = t.fill_(3.0).cpu()  # usable as a tensor: written and read back
+    torch.testing.assert_close(filled, torch.full(shape, 3.0))
+
+
+def test_block_diag_of_cpu_and_device_inputs_raises_pytorchs_message(dev):
+    with pytest.raises(RuntimeError) as cpu_first:
+        torch.block_diag(torch.ones(2, 2), torch.ones(2, 2, device=dev))
+    assert str(cpu_first.value) == (
+        "torch.block_diag: input tensors must all be on the same device. Input 0 is on device cpu and input 1 is on "
+        f"device {torch.device(dev)}"
+    )
+    with pytest.raises(RuntimeError, match=r"Input 0 has 3 dimensions"):
+        torch.block_diag(torch.ones(1, 1, 1, device=dev), torch.ones(2))
+    x, y = torch.arange(4.0).reshape(2, 2), torch.arange(3.0)[None]
+    torch.testing.assert_close(torch.block_diag(x.to(dev), y.to(dev)).cpu(), torch.block_diag(x, y))
+
+
+def test_random_default_of_int64_spans_the_dtype_like_cpu(dev):
+    """random_() of int64 draws from [0, 2**63 - 1] (jax refused the bound 2**63 with an OverflowError)."""
+    t = torch.empty(2000, dtype=torch.int64, device=dev)
+    t.random_()
+    values = t.cpu().double()
+    top = float(torch.iinfo(torch.int64).max)
+    assert 0 <= values.min() < 0.1 * top and 0.9 * top < values.max() <= top
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_into_an_out_tensor_draws_like_cpu(dtype, dev):
+    """normal(mean, std, size, out=) ran normal_ on the CPU below functionalization and dropped the result: zeros."""
+    stats = {}
+    for device in ("cpu", dev):
+        torch.manual_seed(0)
+        r = torch.full((100, 100), 42.0, dtype=dtype, device=device)
+        torch.normal(2, 3, (100, 100), dtype=dtype, device=device, out=r)
+        stats[device] = (r.mean().item(), r.std().item())
+    np.testing.assert_allclose(stats[dev], stats["cpu"], atol=0.3)
+    np.testing.assert_allclose(stats[dev], (2, 3), atol=0.3)
+
+
+def test_cpu_fallback_of_an_in_place_op_writes_its_result_into_self(dev):
+    """An in-place op that runs on the CPU (no rule, no functional form) changes its lazyxla ``self``."""
+    a, b = torch.arange(4.0), torch.full((4,), 2.0)
+    la, lb = unwrap(a.to(dev)), unwrap(b.to(dev))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fallback's own warning
+        decompose.fallback(torch.ops.aten.mul_.Tensor, (la, lb), {})  # as the recorder calls it
+    torch.testing.assert_close(lazy_to_cpu(la), a.mul_(b))
+
+
+def test_data_ptr_tells_copies_from_aliases_and_offsets_views_like_cpu(dev):
+    """A lazyxla tensor's data_ptr was 0 for every tensor: a copy looked like an alias (torch.asarray(copy=True))."""
+    for device in ("cpu", dev):
+        a = torch.ones(5, 5, device=device)
+        assert torch.asarray(a, copy=True).data_ptr() != a.data_ptr()
+        assert a.clone().data_ptr() != a.data_ptr()
+        assert torch.asarray(a).data_ptr() == a.detach().data_ptr() == a.data_ptr() != 0
+        assert (a[1:].data_ptr() - a.data_ptr(), a[:, 2].data_ptr() - a.data_ptr()) == (20, 8)
+        assert torch.empty(0, device=device).data_ptr() == 0
+
+
+@pytest.mark.parametrize("shape", [(5, 0, 1), (3,)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
+def test_rand_of_an_integer_dtype_raises_like_cpu(dtype, shape, dev):
+    """torch.rand of an integer dtype gave random integers on lazyxla; the CPU raises, for an empty size too."""
+    with pytest.raises(RuntimeError) as cpu:
+        torch.rand(shape, dtype=dtype)
+    with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value))):
+        torch.rand(shape, dtype=dtype, device=dev)

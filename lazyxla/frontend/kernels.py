@@ -65,7 +65,20 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _empty(size, dtype, device)
+    """``torch.empty_strided``: a value of ``size``; where ``stride`` spans more elements than that (gaps between
+    them, ``empty_strided((2, 3), (1, 4))``), an ``as_strided`` view of a base of the span, so that its storage has
+    the CPU's size (``storage().size()``, and ``as_strided`` bounds checks against it)."""
+    span = _strided_span(size, stride)
+    if span <= math.prod(size) or _below_functionalization():
+        return _empty(size, dtype, device)
+    return _empty((span,), dtype, device).as_strided(size, stride)
+
+
+def _strided_span(size, stride) -> int:
+    """The elements a CPU storage holds for ``size``/``stride`` (ATen's computeStorageNbytes, in elements)."""
+    if any(n == 0 for n in size):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride))
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -97,6 +110,8 @@ _FACTORIES = (
     "arange",
     "arange.start",
     "arange.start_step",
+    "range",  # its CompositeExplicit kernel resized an empty out= tensor on the CPU
+    "range.step",
     "full",
     "scalar_tensor",
     "linspace",
@@ -117,6 +132,34 @@ def _overload(name: str):
 
 for _name in _FACTORIES:
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _overload(_name))
+
+
+# rand recorded whole skipped the CPU kernel's dtype check: ``torch.rand(3, dtype=torch.int64)`` raises on the CPU
+# ('"check_uniform_bounds" not implemented for 'Long'') and gave random integers on lazyxla. The CPU raises it for
+# an empty size too, so one empty draw on the CPU per dtype finds it. (randn of an integer dtype raises before
+# reaching here.)
+_DRAWS = {"rand": torch.rand}
+_dtype_errors: dict = {}  # (name, dtype) -> the CPU's error, or None
+
+
+def _checked_draw(name: str, op):
+    def kernel(*args, **kwargs):
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        if (name, dtype) not in _dtype_errors:
+            try:
+                _DRAWS[name](0, dtype=dtype)
+                _dtype_errors[name, dtype] = None
+            except RuntimeError as e:  # NotImplementedError is one
+                _dtype_errors[name, dtype] = e
+        error = _dtype_errors[name, dtype]
+        if error is not None:
+            raise type(error)(str(error))
+        return _backend_kernel(op, *args, **kwargs)
+
+    return kernel
+
+
+KERNELS["aten::rand"] = _checked_draw("rand", _overload("rand"))
 
 
 def _scaled_dot_product_attention(
@@ -282,7 +325,31 @@ def _fused_step(name: str):
     return kernel
 
 
+_AUTOGRAD_BLOCK_DIAG = torch_private.computed_kernel("aten::block_diag", "AutogradPrivateUse1")
+
+
+def _block_diag(keyset, tensors):
+    """``torch.block_diag`` at AutogradPrivateUse1: PyTorch's own checks of its inputs, in its order and words
+    (TensorShape.cpp), before lazyxla's recorder met a CPU input and raised its generic device-mismatch error;
+    then PyTorch's autograd kernel."""
+    for i, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise RuntimeError(
+                f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input {i} has {t.dim()} dimensions"
+            )
+        if t.device != tensors[0].device:
+            raise RuntimeError(
+                "torch.block_diag: input tensors must all be on the same device. Input 0 is on device "
+                f"{tensors[0].device} and input {i} is on device {t.device}"
+            )
+    return _AUTOGRAD_BLOCK_DIAG.call_boxed(keyset, tensors)
+
+
+_block_diag.with_keyset = True
+
+
 AUTOGRAD_KERNELS = {
+    "block_diag": _block_diag,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,
     "copy_": _copy_,
@@ -303,6 +370,7 @@ AUTOGRAD_KERNELS = {
 
 def _out_kernel(name: str, original):
     op = outs = out_positions = out_names = None
+    fills_by_numel = name.partition(".")[0] in _FILLS_BY_NUMEL
 
     def kernel(keyset, *args, **kwargs):
         nonlocal op, outs, out_positions, out_names
@@ -312,6 +380,8 @@ def _out_kernel(name: str, original):
             out_positions, out_names = {i for i, _ in outs}, {k for _, k in outs}
         check.check_out_call(op, args, kwargs, _flags["check_max_elements"])
         written = [args[i] if i < len(args) else kwargs.get(k) for i, k in outs]
+        if fills_by_numel and (shape := layout.kept_out_shape(op, args, kwargs, written[0])) is not None:
+            return _fill_by_numel(keyset, original, op, outs[0], shape, args, kwargs)
         views = any(isinstance(t, torch.Tensor) and _is_view(t) for t in written)
         if views:  # frontend/layout.py
             layout.check_written(op, args, kwargs, written)
@@ -326,6 +396,29 @@ def _out_kernel(name: str, original):
 
     kernel.with_keyset = True
     return kernel
+
+
+# arange, range, linspace and logspace resize their out= tensor only when its number of elements differs from the
+# result's (ATen's RangeFactories.cpp: ``if (result.numel() != size) result.resize_({size})``): ``torch.arange(9,
+# out=torch.empty(3, 3))`` keeps the shape (3, 3) and fills it in row-major order, through a view too
+# (``out=x.narrow(1, 1, 2)`` writes into ``x``). Functionalization resized it to (9,) (and refused the view): here
+# the op runs into a fresh tensor of the result's shape, copied into ``out`` reshaped to ``out``'s shape.
+_FILLS_BY_NUMEL = frozenset({"arange", "range", "linspace", "logspace"})
+
+
+def _fill_by_numel(keyset, original, op, out_at: tuple, shape, args: tuple, kwargs: dict):
+    i, name = out_at
+    out = args[i] if i < len(args) else kwargs[name]
+    fresh_out = torch.empty(shape, dtype=out.dtype, device=out.device)
+    if i < len(args):
+        args = (*args[:i], fresh_out, *args[i + 1 :])
+    else:
+        kwargs = {**kwargs, name: fresh_out}
+    args, kwargs = _numbers_as_tensors(op, args, kwargs)
+    original.call_boxed(keyset, *args, **kwargs)
+    with torch.no_grad():  # out= ops do not record autograd (PyTorch refuses an out= that requires grad)
+        out.copy_(fresh_out.reshape(out.shape))
+    return out
 
 
 _NUMBER = (bool, int, float, complex)

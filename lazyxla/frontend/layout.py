@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -357,6 +358,51 @@ def check_out_views(op, args: tuple, kwargs: dict, written) -> None:
 
 
 _resized: dict = {}  # (id(op), call signature) -> (old shape, new shape) of a resized out= view, or None
+
+
+def kept_out_shape(op, args: tuple, kwargs: dict, out) -> tuple | None:
+    """The shape of ``op``'s result when ``out`` has as many elements but another shape, else None: for the ops
+    whose CPU kernel then keeps ``out``'s shape (arange, range, linspace, logspace; frontend/kernels.py). The
+    result's shape comes from PyTorch's meta kernel, memoized per call signature.
+
+    Example::
+
+        kept_out_shape(aten.arange.out, (9,), {"out": torch.empty(3, 3, device=dev)}, out)     # (9,)
+    """
+    if not isinstance(out, torch.Tensor):
+        return None
+    try:
+        key = (id(op), _signature(args), _signature(tuple(kwargs.items())))
+        found = _kept.get(key, False)
+    except TypeError:  # an unhashable argument: asked every time
+        key, found = None, False
+    if found is False:
+        found = _meta_result_shape(op, args, kwargs, out)
+        if key is not None:
+            _remember(_kept, key, found)
+    if found is None or found == tuple(out.shape) or math.prod(found) != out.numel():
+        return None
+    return found
+
+
+_kept: dict = {}  # (id(op), call signature) -> the shape of the op's result, or None
+
+
+def _meta_result_shape(op, args: tuple, kwargs: dict, out) -> tuple | None:
+    def meta(x):
+        if x is out:
+            return torch.empty(0, dtype=x.dtype, device=_META)
+        if isinstance(x, torch.Tensor):
+            return torch.empty(x.shape, dtype=x.dtype, device=_META)
+        return x
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = op(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
+    except Exception:  # an error the real call raises itself
+        return None
+    return tuple(result.shape)
 
 
 def _signature(x):

@@ -54,7 +54,9 @@ def functional_of(func):
     packet = getattr(aten, base[:-1], None)
     overload = getattr(packet, func._overloadname, None) if packet is not None else None
     if overload is None:
-        return None
+        # random in-place ops whose functional form has a name of its own: normal_ -> normal_functional
+        packet = getattr(aten, base[:-1] + "_functional", None)
+        overload = getattr(packet, func._overloadname, None) if packet is not None else None
     return overload
 
 
@@ -216,7 +218,8 @@ def fallback(func, args, kwargs, why: str = NO_RULE):
             return torch.device("cpu")
         return x
 
-    out = func(*on_cpu(args), **{k: on_cpu(v) for k, v in kwargs.items()})
+    cpu_args, cpu_kwargs = on_cpu(args), {k: on_cpu(v) for k, v in kwargs.items()}
+    out = func(*cpu_args, **cpu_kwargs)
 
     def back(x):
         if isinstance(x, torch.Tensor):
@@ -225,7 +228,20 @@ def fallback(func, args, kwargs, why: str = NO_RULE):
             return type(x)(back(e) for e in x)
         return x
 
+    _write_back(func, args, kwargs, cpu_args, cpu_kwargs, back)
     return back(out)
+
+
+def _write_back(func, args, kwargs, cpu_args, cpu_kwargs, back) -> None:
+    """The values an in-place op wrote into the CPU copies of its (non-out=) arguments, rebound to their lazyxla
+    tensors: without it an in-place op run on the CPU left its lazyxla ``self`` unchanged (its result was dropped).
+    ``out=`` tensors come back through the op's results (``out_variant``)."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write or a.is_out:
+            continue
+        lazy, cpu = (args[i], cpu_args[i]) if i < len(args) else (kwargs.get(a.name), cpu_kwargs.get(a.name))
+        if isinstance(lazy, LazyTensor) and isinstance(cpu, torch.Tensor) and tuple(cpu.shape) == tuple(lazy.shape):
+            lazy._value = back(cpu)._value
 
 
 def decomposed(decomp, args, kwargs):

@@ -618,6 +618,12 @@ def _arange(ctx, start, end, step=1, **_):
     return _as(start, wide) + jnp.arange(ctx.shape[0], dtype=wide) * _as(step, wide)
 
 
+@lowers(aten.range.step, aten.range.default)
+def _range(ctx, start, end, step=1, **_):
+    # torch.range includes ``end``: its meta kernel gives the length, the values are arange's
+    return _arange(ctx, start, end, step)
+
+
 @lowers(aten.arange.default)
 def _arange_end(ctx, end, **_):
     return _arange(ctx, 0, end)

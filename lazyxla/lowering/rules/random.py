@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from lazyxla.lowering.registry import lowers
@@ -32,6 +33,8 @@ def _uniform01(ctx):
 def _randint(key, shape, low: int, high: int):
     """Integers in [low, high), drawn in int32 when the range fits."""
     fits = low >= -(2**31) and high <= 2**31
+    if high == 2**63:  # int64's random_(): [low, max]; as a Python int, jax refuses 2**63 (OverflowError)
+        high = np.uint64(high)  # a wider bound jax clips to int64's max, which it then includes
     return flat_draw(jax.random.randint, key, shape, low, high, jnp.int32 if fits else jnp.int64)
 
 
