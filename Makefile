@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The whole OpInfo conformance suite (every op, every dtype; ~1 h on 2 cores), then the coverage summary.
 test-ops: $(STAMP)
