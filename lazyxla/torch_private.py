@@ -171,6 +171,18 @@ def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:
     torch._functionalize_sync(t)
 
 
+def restride_as(t: torch.Tensor, storage, storage_offset: int, size, stride) -> None:
+    """Give the tensor subclass ``t`` (a wrapper with no data of its own) the shape ``size`` / ``stride`` over
+    ``storage``, as ``t.set_(storage, ...)`` would, running only PyTorch's Meta kernel (metadata, no data).
+
+    Example::
+
+        restride_as(lazy, storage, 0, [20], [1])    # lazy.shape == (20,)
+    """
+    meta = _C.DispatchKeySet(_C.DispatchKey.Meta)
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(meta, t, storage, storage_offset, size, stride)
+
+
 # ---- issue 26 (parameter identity, inference mode, optimizer state) ------------------------------------
 
 # the C++ guard behind torch.inference_mode (torch.inference_mode(False) adds a Python class per use): lazy/tensor.py

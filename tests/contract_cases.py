@@ -336,6 +336,38 @@ def storages():
 
 
 @case
+def tensor_from_storage_and_linked_deepcopy():
+    """``torch.tensor(storage)`` (PyTorch's C++ sets a bare device tensor to the storage, below the Python key) and a
+    deep copy of a tensor with its storage, each compared with the same code on the CPU."""
+    for dt in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+        c = (torch.arange(24.0).reshape(2, 3, 4) - 7).to(dt)
+        d = c.to(dev)
+        for storage in (lambda x: x.storage(), lambda x: x.untyped_storage()):
+            for kw in ({}, {"device": dev}):
+                got = torch.tensor(storage(d), dtype=dt, **kw)
+                assert got.device == (dev if kw else torch.device("cpu")), got.device
+                same(got.reshape(2, 3, 4), torch.tensor(storage(c), dtype=dt).reshape(2, 3, 4))
+        other = torch.float16 if dt != torch.float16 else torch.float32
+        for t in (c, d):
+            try:
+                torch.tensor(t.storage(), dtype=other)
+            except RuntimeError as e:
+                assert "Expected a Storage of type" in str(e), e
+            else:
+                raise AssertionError("should raise")
+    c = torch.arange(6.0)
+    d = c.to(dev)
+    copies = {}
+    for x in (c, d):  # the copied storage reads the copied tensor's values, as on the CPU
+        t, s = copy.deepcopy([x, x.untyped_storage()])
+        t.add_(1)
+        copies[x.device.type] = (t, s)
+        assert torch.tensor(s, dtype=torch.float32).tolist() == t.tolist()
+        assert x.tolist() == list(range(6))  # the original is untouched
+    same(copies[dev.type][0], copies["cpu"][0])
+
+
+@case
 def no_crash_on_pointers():
     import numpy as np
 

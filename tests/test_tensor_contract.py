@@ -26,7 +26,7 @@ GROUPS = {
     ],
     "copies": ["ties_survive_save_and_deepcopy", "deepcopy_tensors_modules_optimizers", "ema_averaged_model"],
     "resume": ["resume_optimizer_from_checkpoint", "hugging_face_save_pretrained"],
-    "storages": ["storages", "no_crash_on_pointers"],
+    "storages": ["storages", "no_crash_on_pointers", "tensor_from_storage_and_linked_deepcopy"],
 }
 
 

@@ -130,6 +130,26 @@ def _overload(name: str):
     return getattr(getattr(aten, op), overload or "default")
 
 
+# ``torch.tensor(storage)`` (PyTorch's C++) makes ``empty(0, device=storage.device)`` with the Python and
+# Functionalize keys excluded -- a bare LazyTensor -- and ``set_``s it to the storage, so the in-place ``set_`` reaches
+# the backend key instead of LazyTensor's __torch_dispatch__. PyTorch's Python-kernel trampoline then looks the op up
+# among the per-op Python kernels, and a fallback (``_backend_kernel`` for every other op) is not one: "func !=
+# nullptr INTERNAL ASSERT". These per-op kernels are found: the LazyTensor takes the value ``set`` records (the
+# storage's values, lazy/special.py) and the shape PyTorch's Meta kernel gives it.
+
+
+def _set_storage_in_place(self, source, storage_offset=0, size=None, stride=None):
+    """``aten.set_.source_Storage(_storage_offset)`` on a bare LazyTensor (the comment above)."""
+    functional = aten.set.source_Storage if size is None else aten.set.source_Storage_storage_offset
+    args = (self, source) if size is None else (self, source, storage_offset, size, stride)
+    out = dispatch_op(functional, args, {})
+    torch_private.restride_as(self, source, out.storage_offset(), out.shape, out.stride())
+    self._value, self._aval = out._value, out._aval
+    return self
+
+
+KERNELS["aten::set_.source_Storage"] = _set_storage_in_place
+KERNELS["aten::set_.source_Storage_storage_offset"] = _set_storage_in_place
 for _name in _FACTORIES:
     KERNELS["aten::" + _name] = functools.partial(_backend_kernel, _overload(_name))
 

@@ -168,6 +168,7 @@ def _deepcopy(self: torch.Tensor, memo):
         new = shared.detach() if shared is not None else self.clone()
         if shared is None:
             memo[key] = new
+            _link_storage_copy(self, new, memo)
         if self.requires_grad:
             new.requires_grad_()
         if self.grad is not None:
@@ -185,6 +186,15 @@ def _deepcopy(self: torch.Tensor, memo):
         new.__dict__ = copy.deepcopy(self.__dict__, memo)
     memo[id(self)] = new
     return new
+
+
+def _link_storage_copy(self: torch.Tensor, new: torch.Tensor, memo) -> None:
+    """Make a deep copy of ``self``'s storage, in the same ``deepcopy`` call, be ``new``'s storage, as PyTorch's
+    ``UntypedStorage.__deepcopy__`` memo (``memo["torch"]``) does for a CPU tensor: ``deepcopy([t, t.storage()])``
+    gives a storage that reads the copied tensor's values. Only for a tensor holding its whole storage (the tensor
+    a storage is read through); a view's copy stays a separate copy (see the module's docstring)."""
+    if torch_private.covers_its_storage(self):
+        memo.setdefault("torch", {})[torch_private.storage_identity(self.untyped_storage())] = new.untyped_storage()
 
 
 def _holds_lazyxla(obj, depth: int = 0) -> bool:
