@@ -252,6 +252,29 @@ def storage_id(t: torch.Tensor) -> int:
 PrivateUse1Hooks = _C._acc.PrivateUse1Hooks
 
 
+def legacy_storage_classes(name: str) -> dict[str, type]:
+    """The legacy typed storage classes of the device ``name`` (``FloatStorage``, ``LongStorage``, ...), as
+    ``torch.cuda`` defines its own: ``Tensor.storage_type()`` looks them up in ``torch.<name>``, and PyTorch takes
+    a class's device from the last part of its module's name.
+
+    Example::
+
+        legacy_storage_classes("lazyxla")["FloatStorage"](3).device     # device(type='lazyxla', index=0)
+    """
+    classes = {}
+    for dtype, storage_name in torch.storage._dtype_to_storage_type_map().items():
+        classes[storage_name] = type(
+            storage_name,
+            (torch.storage._LegacyStorage,),
+            {
+                "_dtype": torch._utils.classproperty(lambda cls, d=dtype: d),
+                "dtype": torch._utils.classproperty(lambda cls, d=dtype: d),
+                "__module__": f"torch.{name}",
+            },
+        )
+    return classes
+
+
 def setup_python_backend(name: str, backend_module, device_guard, hooks) -> None:
     """Rename PrivateUse1 to ``name`` and install ``backend_module`` as ``torch.<name>``, ``device_guard`` as its
     device guard and ``hooks`` as its C++ hooks: PyTorch's set-up for a backend written in Python
@@ -261,6 +284,8 @@ def setup_python_backend(name: str, backend_module, device_guard, hooks) -> None
     torch.utils.rename_privateuse1_backend(name)
     if not hasattr(torch.Tensor, f"is_{name}"):
         torch.utils.generate_methods_for_privateuse1_backend()
+    for storage_name, cls in legacy_storage_classes(name).items():  # torch.cuda.FloatStorage's counterparts
+        setattr(backend_module, storage_name, cls)
     torch._register_device_module(name, backend_module)
     _C._acc.register_python_privateuseone_hook(hooks)
     _C._acc.register_python_privateuseone_device_guard(device_guard)

@@ -294,6 +294,13 @@ def storages():
     for copied in (lambda x: x.t().contiguous(), lambda x: x.t().reshape(25), lambda x: x.clone()):
         assert copied(m).data_ptr() != m.data_ptr() and copied(m).untyped_storage().data_ptr() != s.data_ptr()
     assert torch.empty(0, device=dev).data_ptr() == 0 == torch.empty(0).data_ptr()
+    # legacy typed storage classes in torch.lazyxla, as torch.cuda has its own
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        kind = torch.ones(2, dtype=dtype, device=dev).storage_type()
+        assert kind is getattr(getattr(torch, dev.type), torch.ones(2, dtype=dtype).storage_type().__name__), kind
+        assert isinstance(torch.ones(2, dtype=dtype, device=dev).storage(), kind)
+        assert not isinstance(torch.ones(2, dtype=dtype).storage(), kind)
+    assert getattr(torch, dev.type).FloatStorage(3).device.type == dev.type
     made = torch.UntypedStorage(8, device=dev)
     assert made.device == dev and made.nbytes() == 8
     moved = torch.ones(3).untyped_storage().to(device=dev)

@@ -44,6 +44,11 @@ CPU_ONLY_MAP = (
     "Tensor.map_/map2_ (a Python callback per element) are CPU-only in PyTorch: CUDA raises the same TypeError, "
     "and the test returns early for CUDA tensors"
 )
+VERSION_GAP_STORAGE_TYPE = (
+    "a gap between the 2023 test and torch 2.13: the test expects the CPU's storage classes (torch.FloatStorage) "
+    "for every device but CUDA; torch 2.13 answers torch.<device>.FloatStorage for a PrivateUse1 device, as for "
+    "CUDA, and lazyxla defines those classes"
+)
 
 # (pattern over the node id, reason)
 LISTED: tuple[tuple[str, str], ...] = (
@@ -70,6 +75,7 @@ LISTED: tuple[tuple[str, str], ...] = (
     (r"::test_broadcast_fn_map2?_(lazyxla|privateuse1)", CPU_ONLY_MAP),
     # asserts x[:, :, :, 1][:, 1:1].stride() == (60, 20, 5)
     (r"test_indexing\.py::.*::test_empty_slice_", STRIDES),
+    (r"::test_tensor_storage_type_lazyxla_", VERSION_GAP_STORAGE_TYPE),
     # loops over every dtype, complex32 last (every other dtype passes)
     (r"::test_(cat|fill)_all_dtypes_and_devices_lazyxla$|::test_tensor_factories_empty_lazyxla$", COMPLEX32),
 )
