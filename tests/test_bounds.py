@@ -55,6 +55,11 @@ CASES = {
     "index_copy": (lambda w, i, s: _zeros(w).index_copy(0, i, torch.ones_like(w[:2])), ROWS),
     "index_fill": (lambda w, i, s: _zeros(w).index_fill(0, i, 1.0), ROWS),
     "index_fill_negative": (lambda w, i, s: _zeros(w).index_fill(0, i, 1.0), torch.tensor([-11])),
+    "put_": (lambda w, i, s: w.clone().put_(i, s[0]), torch.tensor([3, 30])),
+    "put_accumulate": (lambda w, i, s: w.clone().put_(i, s[0], accumulate=True), torch.tensor([3, 30])),
+    # the mask as the index: 4 True elements, source has 3; a (3,) mask broadcast over 10 rows: 20 of 19
+    "masked_scatter": (lambda w, i, s: w.masked_scatter(i, s.reshape(-1)[:3]), (W > 3.5) & (W < 4.2)),
+    "masked_scatter_broadcast": (lambda w, i, s: w.masked_scatter(i, s.reshape(-1)[:19]), torch.tensor([1, 0, 1]) > 0),
 }
 
 # name -> (op, an index in range, with the negative values and ignored targets PyTorch takes)
@@ -67,6 +72,8 @@ IN_RANGE = {
     "gather": (CASES["gather"][0], COLS.clamp(max=2)),
     "scatter_add": (CASES["scatter_add"][0], COLS.clamp(max=2)),
     "embedding": (CASES["embedding"][0], torch.tensor([0, 9])),
+    "put_": (CASES["put_"][0], torch.tensor([-30, 29])),
+    "masked_scatter_broadcast": (lambda w, i, s: w.masked_scatter(i, s.reshape(-1)), torch.tensor([1, 0, 1]) > 0),
 }
 
 

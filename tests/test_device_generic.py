@@ -466,3 +466,31 @@ def test_unfold_of_a_0d_tensor_as_on_cpu(size):
     # a 0-d tensor unfolds to shape [size] (the rule reshaped its one value to (0,) and failed)
     fn = lambda dev: torch.tensor(0.5, device=dev).unfold(0, size, 1)  # noqa: E731
     assert_same(fn(lazyxla.device()), fn(torch.device("cpu")))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_put_alerts_under_deterministic_algorithms_as_on_cpu(dev, accumulate):
+    # put_ without accumulate: duplicate indices write in no defined order (an XLA scatter, as PyTorch's
+    # kernels), so PyTorch alerts on every device; with accumulate the CPU does not
+    def run(d):
+        a, i, v = torch.zeros(4, device=d), torch.tensor([0, 0], device=d), torch.tensor([1.0, 2.0], device=d)
+        with pytest.raises(RuntimeError) as info:
+            a.put_(i, v, accumulate=accumulate)
+        return str(info.value)
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        if accumulate:
+            got = torch.zeros(4, device=dev).put_(torch.tensor([0, 0], device=dev), torch.ones(2, device=dev), True)
+            want = torch.zeros(4).put_(torch.tensor([0, 0]), torch.ones(2), True)
+            assert_same(got, want)
+        else:
+            assert run(dev) == run("cpu")
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.use_deterministic_algorithms(True, warn_only=True)
+                torch.zeros(4, device=dev).put_(torch.tensor([0, 0], device=dev), torch.ones(2, device=dev))
+            assert any("put_ does not have a deterministic implementation" in str(w.message) for w in seen)
+    finally:
+        torch.use_deterministic_algorithms(was)

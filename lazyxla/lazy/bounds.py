@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 
 from lazyxla.config import config
+from lazyxla.lazy import determinism
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.special import lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor
@@ -52,10 +53,15 @@ class _Bound:
     """One index tensor an op reads: valid values lo <= v < hi (except ``ignore``), and the error for a value
     outside."""
 
-    __slots__ = ("index", "lo", "hi", "ignore", "error")
+    __slots__ = ("index", "lo", "hi", "ignore", "error", "count")
 
-    def __init__(self, index, lo: int, hi: int, error: Callable[[int], Exception], ignore: int | None = None):
+    def __init__(
+        self, index, lo: int, hi: int, error: Callable[[int], Exception], ignore: int | None = None, count: int = 0
+    ):
         self.index, self.lo, self.hi, self.error, self.ignore = index, lo, hi, error, ignore
+        # count > 0: the value checked is not each element but the number of True ones, times ``count`` (a mask
+        # broadcast to ``count`` times its size)
+        self.count = count
 
 
 def _size(x, dim: int) -> tuple[int, int]:
@@ -152,6 +158,19 @@ def _target(error_dim: int):
     return bounds
 
 
+def _masked_scatter(a: dict) -> list[_Bound]:
+    """``masked_scatter``: the mask's True count (the mask broadcast to the result) at most source's size."""
+    mask, n = a["mask"], a["source"].numel()
+    shape = torch.broadcast_shapes(a["self"].shape, mask.shape)
+    if mask.dtype != torch.bool or not mask.numel() or not shape.numel():
+        return []
+
+    def error(v: int) -> Exception:
+        return RuntimeError("Number of elements of source < number of ones in mask")
+
+    return [_Bound(mask, 0, n + 1, error, count=shape.numel() // mask.numel())]
+
+
 _SCATTER = _along_dim("self", _out_of_bounds(RuntimeError))
 # op -> its arguments by name -> the index tensors it reads and their bounds
 CHECKS: dict = {
@@ -173,6 +192,8 @@ CHECKS: dict = {
     aten.index_fill.int_Scalar: _along_dim("self", _out_of_bounds(IndexError), negative=True),
     aten.index_fill.int_Tensor: _along_dim("self", _out_of_bounds(IndexError), negative=True),
     aten.take.default: _take,
+    aten.put.default: _take,  # the same bounds and message as take's
+    aten.masked_scatter.default: _masked_scatter,
     aten.nll_loss_forward.default: _target(1),
     aten.nll_loss2d_forward.default: _target(1),
 }
@@ -181,7 +202,7 @@ CHECKS: dict = {
 def checker(func) -> Callable | None:
     """The bounds check of ``func`` (``check(func, args, kwargs)`` applies it), or None for an op that reads
     no index: ``record.dispatch`` keeps it in the op's route, so other ops pay nothing."""
-    return check if func in CHECKS else None
+    return check if func in CHECKS or func in determinism.ALERTS else None
 
 
 def check(func, args, kwargs, run: Callable):
@@ -193,19 +214,26 @@ def check(func, args, kwargs, run: Callable):
 
         return check(func, args, kwargs, dispatch)      # in record.dispatch, for an op in CHECKS
     """
+    named = _bind(func, args, kwargs)
+    determinism.alert(func, named)  # PyTorch alerts before its kernel runs
     _local.inside = True
     try:  # recorded first: PyTorch's own errors (shapes, dims, dtypes) come before an index's, as on the CPU
         out = run(func, args, kwargs)
     finally:
         _local.inside = False
     on_device = []
-    for b in CHECKS[func](_bind(func, args, kwargs)):
-        usable = type(b.index) is LazyTensor and b.index.dtype in _INTEGER and b.index.numel()
+    for b in CHECKS.get(func, _no_bounds)(named):
+        dtypes = (torch.bool,) if b.count else _INTEGER
+        usable = type(b.index) is LazyTensor and b.index.dtype in dtypes and b.index.numel()
         if usable and not _checked_on_host(b):
             on_device.append(b)
     if on_device and (_values["check_indices"] or _values["eager"]) and not diagnostics.active_regions():
         _check_on_device(on_device)
     return out  # an op whose index is out of range raised above: its recorded result is never handed out
+
+
+def _no_bounds(a: dict) -> list[_Bound]:
+    return []
 
 
 def inside() -> bool:
@@ -218,6 +246,11 @@ def _checked_on_host(b: _Bound) -> bool:
     host = b.index._value[0].host
     if host is None:
         return False
+    if b.count:
+        total = int(host.sum()) * b.count
+        if total >= b.hi:
+            raise b.error(total)
+        return True
     bad = (host < b.lo) | (host >= b.hi)
     if b.ignore is not None:
         bad &= host != b.ignore
@@ -232,6 +265,10 @@ def _check_on_device(bounds: list[_Bound]) -> None:
     ends = []
     for b in bounds:
         t = b.index
+        if b.count:  # its True count, twice (as its smallest and largest value)
+            total = record(aten.sum.default, (t,), {"dtype": torch.int64})
+            ends += [total, total]
+            continue
         if b.ignore is not None:
             t = record(aten.masked_fill.Scalar, (t, record(aten.eq.Scalar, (t, b.ignore), {}), b.lo), {})
         if t.dtype != torch.int64:  # (one dtype to stack them in)
@@ -242,6 +279,7 @@ def _check_on_device(bounds: list[_Bound]) -> None:
     with metrics.timer("index_check"):
         values = lazy_to_cpu(both, reason="index bounds check (config.check_indices, eager mode)").tolist()
     for b, lo, hi in zip(bounds, values[::2], values[1::2]):
+        lo, hi = (lo * b.count, hi * b.count) if b.count else (lo, hi)
         if lo < b.lo:
             raise b.error(lo)
         if hi >= b.hi:

@@ -71,6 +71,8 @@ LISTED: tuple[tuple[str, str], ...] = (
     # test_copy_ copies from every dtype, complex32 included, into the parametrized one (it passes without it)
     (r"::test_copy__(lazyxla|privateuse1)", COMPLEX32),
     (r"::test_diff_noncontig_", STRIDES),  # its own comment: "All tensors appear contiguous on XLA"
+    # each asserts is_contiguous(memory_format=channels_last) of a result (clone, *_like, .half(), a + b)
+    (r"::test_memory_format_(factory_like_functions_preserve|propagation_rules|type_shortcuts)_lazyxla$", STRIDES),
     (r"::test_geometric_kstest_", RANDOM_STREAM),
     (r"::test_broadcast_fn_map2?_(lazyxla|privateuse1)", CPU_ONLY_MAP),
     # asserts x[:, :, :, 1][:, 1:1].stride() == (60, 20, 5)
