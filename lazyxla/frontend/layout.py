@@ -440,7 +440,10 @@ def _meta_resizes(op, args: tuple, kwargs: dict, views: list):
 
 
 def _key(t: torch.Tensor) -> tuple | None:
-    """(base shape, dtype, view chain) of ``t``: what its CPU layout depends on; None for an unknown base."""
+    """(base shape, dtype, view chain) of ``t``: what its CPU layout depends on; None for an unknown base, or for a
+    tensor that is no functionalization wrapper (Dynamo's fake tensors on the device have no view metas)."""
+    if not torch_private.is_functional(t):
+        return None
     chain = torch_private.view_meta_sequence(t)
     if not chain:
         return (tuple(t.shape), t.dtype, ())
