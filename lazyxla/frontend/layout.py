@@ -230,17 +230,7 @@ def _cpu_alias_verdict(op, args: tuple, kwargs: dict, tensors: tuple, keys: list
         if view is None:
             return None
         views[id(t)] = view
-
-    def stand_in(x):
-        if isinstance(x, torch.Tensor):
-            return views[id(x)] if id(x) in views else torch.zeros(x.shape, dtype=x.dtype)
-        if isinstance(x, (list, tuple)):
-            return type(x)(stand_in(e) for e in x)
-        if isinstance(x, torch.device):
-            return torch.device("cpu")
-        return x
-
-    return _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, _UNSUPPORTED)
+    return _ask_cpu(op, args, kwargs, _UNSUPPORTED, views)
 
 
 def check_inplace_shape(op, args: tuple, kwargs: dict) -> None:
@@ -283,14 +273,7 @@ def _reshape_error(op, args: tuple, kwargs: dict) -> str | None:
     if new is None or tuple(new) == tuple(self.shape):
         return None
 
-    def stand_in(x):
-        if isinstance(x, torch.Tensor):
-            return torch.zeros(x.shape, dtype=x.dtype)
-        if isinstance(x, (list, tuple)):
-            return type(x)(stand_in(e) for e in x)
-        return torch.device("cpu") if isinstance(x, torch.device) else x
-
-    message = _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, "")
+    message = _ask_cpu(op, args, kwargs, "")
     return message or f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(new)}"
 
 
@@ -510,19 +493,27 @@ def _cpu_verdict(op, args: tuple, kwargs: dict, written: torch.Tensor, layout: t
         return None
     extent = 1 + layout.storage_offset() + sum((n - 1) * s for n, s in zip(layout.shape, layout.stride()) if n)
     target = torch.zeros(extent, dtype=layout.dtype).as_strided(layout.shape, layout.stride(), layout.storage_offset())
+    return _ask_cpu(op, args, kwargs, _OVERLAP, {id(written): target})
+
+
+def _ask_cpu(op, args: tuple, kwargs: dict, wanted: str, placed: dict | None = None) -> str | None:
+    """:func:`_cpu_error` for ``op`` called on CPU stand-ins of its arguments: ``placed[id(t)]`` for a tensor ``t``
+    placed there (a view with its CPU layout), zeros of its shape and dtype for any other tensor.
+
+    Example::
+
+        _ask_cpu(aten.copy_.default, (a, b), {}, "unsupported", {id(a): a_cpu, id(b): b_cpu})
+    """
+    placed = placed or {}
 
     def stand_in(x):
-        if x is written:
-            return target
         if isinstance(x, torch.Tensor):
-            return torch.zeros(x.shape, dtype=x.dtype)
+            return placed.get(id(x)) if id(x) in placed else torch.zeros(x.shape, dtype=x.dtype)
         if isinstance(x, (list, tuple)):
             return type(x)(stand_in(e) for e in x)
-        if isinstance(x, torch.device):
-            return torch.device("cpu")
-        return x
+        return torch.device("cpu") if isinstance(x, torch.device) else x
 
-    return _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, _OVERLAP)
+    return _cpu_error(op, stand_in(args), {k: stand_in(v) for k, v in kwargs.items()}, wanted)
 
 
 def _cpu_error(op, args: tuple, kwargs: dict, wanted: str) -> str | None:
