@@ -45,6 +45,8 @@ from benchmarks.child import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEPS_SHOWN = 5
+# what --only chooses from: (a)(b)(f) training, (i) host, (g) overlap, (h) program_size, (c)(e) fresh, (d) recording
+SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording")
 # the frameworks whose compiles per step are counted
 LAZY_FRAMEWORKS = tuple(fw for fw in S.FRAMEWORKS if fw.startswith("lazyxla"))
 # Idle OpenMP workers (PyTorch's) sleep instead of spinning: three runtimes share this process and the
@@ -295,6 +297,8 @@ def _meta(args: argparse.Namespace, settings: S.Settings) -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "eager_device": os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu"),
+        "sections": args.only.split(","),
         "env": {name: os.environ.get(name) for name in ENV_DEFAULTS},
         "jax": jax.__version__,
         "jax_backend": jax.default_backend(),
@@ -510,7 +514,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--jobs", type=int, default=None, help="fresh processes run side by side (default 1; 2 with --quick)"
     )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)",
+    )
+    parser.add_argument(
+        "--eager-device",
+        default=None,
+        help=f"the device eager PyTorch runs on (default cpu, or ${S.EAGER_DEVICE_VARIABLE}); cuda on a GPU host",
+    )
     args = parser.parse_args(argv)
+    sections = args.only.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    if args.eager_device:
+        os.environ[S.EAGER_DEVICE_VARIABLE] = args.eager_device  # the children read it too
     settings = S.Settings.quick() if args.quick else S.Settings.full()
     changes = {k: getattr(args, k) for k in ("steps", "warmup") if getattr(args, k) is not None}
     if args.repeats is not None:
@@ -530,35 +550,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
-    results["training"], results["compiles"] = {}, {}
-    for model in S.MODELS:
-        _log(f"training step: {model}")
-        results["training"][model], results["compiles"][model] = training(model, settings)
-    results["host"] = {}
-    for model in S.MODELS:
-        _log(f"host time alone: {model}")
-        results["host"][model] = host.run(model, settings)
-    results["overlap"] = {}
-    for model in S.MODELS:
-        _log(f"overlap: {model}")
-        results["overlap"][model] = overlap.run(model, settings)
-    _log("program size")
-    results["program_size"] = {m: program_size.measure(m, settings.spec(m)) for m in S.MODELS}
-    results["first_step"], results["memory"] = fresh_processes(settings, args.quick, args.jobs)
-    _log("recording cost")
-    results["recording"] = recording.run(settings.chain_ops, settings.chain_repeats)
+    if "training" in sections:
+        results["training"], results["compiles"] = {}, {}
+        for model in S.MODELS:
+            _log(f"training step: {model}")
+            results["training"][model], results["compiles"][model] = training(model, settings)
+    for name, module, label in (("host", host, "host time alone"), ("overlap", overlap, "overlap")):
+        if name in sections:
+            results[name] = {}
+            for model in S.MODELS:
+                _log(f"{label}: {model}")
+                results[name][model] = module.run(model, settings)
+    if "program_size" in sections:
+        _log("program size")
+        results["program_size"] = {m: program_size.measure(m, settings.spec(m)) for m in S.MODELS}
+    if "fresh" in sections:
+        results["first_step"], results["memory"] = fresh_processes(settings, args.quick, args.jobs)
+    if "recording" in sections:
+        _log("recording cost")
+        results["recording"] = recording.run(settings.chain_ops, settings.chain_repeats)
     results["meta"]["wall_s"] = time.perf_counter() - start
     R.write_json(args.json, results)  # before the tables: a table bug loses no measurement
-    tables = [
-        training_table(tag, results["training"][m], results["compiles"][m]) for tag, m in (("a", "mlp"), ("b", "gpt"))
-    ]
-    tables.append(first_step_table(results["first_step"], args.repeats, args.jobs))
-    tables.append(recording_table(results["recording"]))
-    tables.append(memory_table(results["memory"], settings))
-    tables.append(compiles_table(results["compiles"], results["first_step"]))
-    tables.append(overlap.table(results["overlap"]))
-    tables.append(program_size.table(results["program_size"]))
-    tables.append(host.table(results["host"]))
+    tables = []
+    if "training" in sections:
+        for tag, m in (("a", "mlp"), ("b", "gpt")):
+            tables.append(training_table(tag, results["training"][m], results["compiles"][m]))
+    if "fresh" in sections:
+        tables.append(first_step_table(results["first_step"], args.repeats, args.jobs))
+    if "recording" in sections:
+        tables.append(recording_table(results["recording"]))
+    if "fresh" in sections:
+        tables.append(memory_table(results["memory"], settings))
+    if "training" in sections:
+        tables.append(compiles_table(results["compiles"], results.get("first_step")))
+    if "overlap" in sections:
+        tables.append(overlap.table(results["overlap"]))
+    if "program_size" in sections:
+        tables.append(program_size.table(results["program_size"]))
+    if "host" in sections:
+        tables.append(host.table(results["host"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results

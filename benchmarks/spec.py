@@ -31,6 +31,9 @@ FRAMEWORKS = (
 # lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
 # lazyxla captured: the whole step under lazyxla.compile(capture=True) (warm steps replayed without recording)
 MODELS = ("mlp", "gpt")
+# The device eager PyTorch runs on: the CPU by default; ``cuda`` on a GPU host (``benchmarks.run --eager-device``
+# sets it for the children too), so the eager column is what a PyTorch user on that machine would run.
+EAGER_DEVICE_VARIABLE = "BENCH_EAGER_DEVICE"
 
 
 @dataclasses.dataclass(frozen=True)

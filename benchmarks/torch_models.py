@@ -1,8 +1,9 @@
-"""The benchmark models in PyTorch, run eagerly on the CPU or lazily on the lazyxla device (op by op, or
-with model + loss under ``torch.compile(backend="lazyxla")``)."""
+"""The benchmark models in PyTorch, run eagerly on the CPU (or ``$BENCH_EAGER_DEVICE``, e.g. cuda) or lazily on
+the lazyxla device (op by op, or with model + loss under ``torch.compile(backend="lazyxla")``)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -64,7 +65,7 @@ def _mlp(spec: S.MLPSpec) -> nn.Module:
 
 def _device(framework: str) -> torch.device:
     if framework == "eager":
-        return torch.device("cpu")
+        return torch.device(os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu"))
     if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
         import lazyxla
 
@@ -72,7 +73,13 @@ def _device(framework: str) -> torch.device:
     raise ValueError(f"not a torch framework: {framework!r}")
 
 
-def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_first: bool = False):
+def setup(
+    model: str,
+    spec: S.MLPSpec | S.GPTSpec,
+    framework: str,
+    zero_grad_first: bool = False,
+    autocast: torch.dtype | None = None,
+):
     """``(record, sync)`` for ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or
     'lazyxla compiled').
 
@@ -84,7 +91,8 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_fir
     'lazyxla compiled' runs model + loss as ``torch.compile(..., backend="lazyxla")`` (one forward and
     one backward IR op per step); the optimizer step stays in lazy mode. 'lazyxla captured' runs the whole step
     under ``lazyxla.compile(capture=True)``: from its third or fourth call on, replayed without recording (its
-    AdamW becomes ``capturable``, as under torch.compile).
+    AdamW becomes ``capturable``, as under torch.compile). ``autocast``: model + loss run under
+    ``torch.autocast(<the device's type>, dtype=autocast)`` (e.g. ``torch.bfloat16``).
     """
     dev = _device(framework)
     if model == "mlp":
@@ -103,6 +111,13 @@ def setup(model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_fir
     x, y = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
     sync = lambda: None
     forward = lambda a, b: loss_fn(net(a), b)
+    if autocast is not None:
+        plain = forward
+
+        def forward(a, b):
+            with torch.autocast(dev.type, dtype=autocast):
+                return plain(a, b)
+
     if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
         import lazyxla
 

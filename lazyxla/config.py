@@ -53,6 +53,10 @@ def _user_cache_dir() -> str:
     return os.path.join(user_cache_root(), "lazyxla", "xla")
 
 
+# set to 1: an installed torch or jax outside lazyxla's checked range warns instead of refusing (a trial of that
+# release); read by util.require_version while the private-API modules import, before any flag is
+UNSUPPORTED_VERSIONS_VARIABLE = "LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS"
+
 FLAGS: tuple[Flag, ...] = (
     Flag("strict", bool, False, "Raise instead of falling back to CPU for an op with no lowering."),
     Flag("warn_fallback", bool, True, "Warn once per op that falls back to CPU."),
@@ -355,7 +359,7 @@ def unknown_variables(environ: dict[str, str]) -> list[str]:
         unknown_variables({"LAZYXLA_PERSISTANT_CACHE": "0"})
         # ['LAZYXLA_PERSISTANT_CACHE is not a lazyxla variable and is ignored; did you mean LAZYXLA_PERSISTENT_CACHE?']
     """
-    known = {f.env for f in FLAGS}
+    known = {f.env for f in FLAGS} | {UNSUPPORTED_VERSIONS_VARIABLE}
     messages = []
     for name in sorted(k for k in environ if k.startswith("LAZYXLA_") and k not in known):
         # compared without the common prefix, which would make every name look close to every other

@@ -24,6 +24,8 @@ from typing import Any, BinaryIO
 
 import torch
 
+from lazyxla.config import UNSUPPORTED_VERSIONS_VARIABLE
+
 
 def contiguous_strides(shape) -> tuple[int, ...]:
     """The strides of a row-major tensor of ``shape`` (PyTorch's: a dimension of size 0 or 1 counts as 1).
@@ -233,11 +235,26 @@ def require_version(package: str, version: str, supported: tuple[tuple[int, int]
 
         >>> require_version("torch", "2.12.1+cpu", ((2, 13), (2, 14)))
         ImportError: lazyxla supports torch 2.13 to 2.14, but torch 2.12.1+cpu is installed; ...
+
+    With ``LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS=1`` in the environment it warns instead (a trial of that release).
     """
     major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
     lo, hi = supported
-    if not lo <= (major, minor) <= hi:
-        raise ImportError(
-            f"lazyxla supports {package} {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but {package} {version} is installed; "
-            f"install a supported release, e.g. pip install '{package}=={lo[0]}.{lo[1]}.*'"
+    if lo <= (major, minor) <= hi:
+        return
+    if os.environ.get(UNSUPPORTED_VERSIONS_VARIABLE) == "1":
+        # the user's own trial of a release lazyxla was not checked against (e.g. an accelerator image's torch):
+        # a private name that moved then fails where it is read, and this warning says why
+        warnings.warn(
+            f"lazyxla supports {package} {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but {package} {version} is installed "
+            f"and {UNSUPPORTED_VERSIONS_VARIABLE}=1 lets it run unchecked: errors may come from {package}'s private "
+            "names that lazyxla reads",
+            RuntimeWarning,
+            stacklevel=2,
         )
+        return
+    raise ImportError(
+        f"lazyxla supports {package} {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, but {package} {version} is installed; "
+        f"install a supported release, e.g. pip install '{package}=={lo[0]}.{lo[1]}.*' (or set "
+        f"{UNSUPPORTED_VERSIONS_VARIABLE}=1 to try this one unchecked)"
+    )

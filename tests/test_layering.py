@@ -454,3 +454,16 @@ def test_the_torch_compile_entry_point_names_an_importable_backend():
     section = text.split("[project.entry-points.torch_dynamo_backends]", 1)[1].split("[", 1)[0]
     target = section.split("lazyxla =", 1)[1].split("\n", 1)[0].strip().strip('"')
     assert pkgutil.resolve_name(target) is lazyxla.frontend.dynamo.lazyxla_backend
+
+
+def test_an_unsupported_version_runs_as_a_trial_with_a_warning_when_asked(monkeypatch):
+    from lazyxla import jax_private
+    from lazyxla.config import unknown_variables
+
+    monkeypatch.setenv("LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS", "1")
+    with pytest.warns(RuntimeWarning, match=r"jax 0.11.2 is installed and LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS=1"):
+        jax_private.check_jax_version("0.11.2")
+    assert unknown_variables({"LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS": "1"}) == []
+    monkeypatch.setenv("LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS", "0")
+    with pytest.raises(ImportError, match=r"or set LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS=1 to try this one unchecked"):
+        jax_private.check_jax_version("0.11.2")
