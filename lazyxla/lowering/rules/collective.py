@@ -14,7 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental.shard_alike import shard_alike
+
+try:
+    from jax.experimental.shard_alike import shard_alike
+except ImportError:  # jax 0.11 has none (a trial under LAZYXLA_ALLOW_UNSUPPORTED_VERSIONS; 0.10 is supported)
+    shard_alike = None
 
 from lazyxla.device import meshes
 from lazyxla.lowering.registry import lowers
@@ -203,4 +207,8 @@ def _shard(ctx, x, mesh, spec):
 @lowers(ops.shard_like.default)
 def _shard_like(ctx, x, like):
     """``x`` in the layout of ``like`` (both are constrained to one layout, which XLA's propagation picks)."""
+    if shard_alike is None:
+        raise NotImplementedError(
+            f"shard_like needs jax.experimental.shard_alike, which jax {jax.__version__} lacks: use jax 0.10"
+        )
     return shard_alike(x, like)[0]
