@@ -3,9 +3,10 @@ under bfloat16 autocast, step by step.
 
 The check for a new device: run where eager PyTorch has that device's twin (``--eager-device cuda`` on a GPU
 host; the CPU elsewhere) and compare the losses of every step. Both start from :mod:`benchmarks.spec`'s numpy
-parameters and batch. Prints one row per model and precision (the largest relative loss difference over the
-steps, and the final losses) and writes the losses to JSON; exits 1 when a difference passes its tolerance
-(float32: 1e-3; bfloat16 autocast: 5e-2, as two bfloat16 programs round differently).
+parameters and batch, each framework in a process of its own (with lazyxla imported, PyTorch's autograd engine
+fails every CUDA backward: pytorch/pytorch#161129). Prints one row per model and precision (the largest relative
+loss difference over the steps, and the final losses) and writes the losses to JSON; exits 1 when a difference
+passes its tolerance (float32: 1e-3; bfloat16 autocast: 5e-2, as two bfloat16 programs round differently).
 
 Example::
 
@@ -15,7 +16,9 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -38,17 +41,21 @@ def losses(framework: str, model: str, spec, steps: int, autocast) -> list[float
     return out
 
 
-def run(settings: S.Settings, steps: int) -> dict[str, Any]:
+def _child(framework: str, model: str, precision: str, steps: int, quick: bool) -> list[float]:
+    """The losses of one framework, computed in a fresh process (its last stdout line, as JSON)."""
+    cmd = [sys.executable, "-m", "benchmarks.agreement", "--child", framework, model, precision, "--steps", str(steps)]
+    proc = subprocess.run(cmd + ["--quick"] * quick, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{framework} {model} {precision} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(settings: S.Settings, steps: int, quick: bool = False, models=S.MODELS) -> dict[str, Any]:
     """Per model and precision: both frameworks' losses and their largest relative difference."""
-    import torch
-
-    import lazyxla  # noqa: F401  (before any backward: the autograd engine sizes its device queues once)
-
     results: dict[str, Any] = {}
-    for model in S.MODELS:
-        for precision, dtype in (("float32", None), ("bfloat16 autocast", torch.bfloat16)):
-            spec = settings.spec(model)
-            row = {fw: losses(fw, model, spec, steps, dtype) for fw in ("eager", "lazyxla")}
+    for model in models:
+        for precision in TOLERANCE:
+            row = {fw: _child(fw, model, precision, steps, quick) for fw in ("eager", "lazyxla")}
             diffs = [abs(a - b) / max(abs(a), 1e-6) for a, b in zip(row["eager"], row["lazyxla"])]
             row["max_rel_diff"] = max(diffs)
             row["agree"] = row["max_rel_diff"] <= TOLERANCE[precision]
@@ -79,11 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--eager-device", default=None, help="the device eager PyTorch runs on (default cpu)")
     parser.add_argument("--json", default=None, help="where to write the losses")
+    parser.add_argument("--models", default=",".join(S.MODELS), help="comma-separated, of " + ", ".join(S.MODELS))
+    parser.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.eager_device:
-        os.environ[S.EAGER_DEVICE_VARIABLE] = args.eager_device
+        os.environ[S.EAGER_DEVICE_VARIABLE] = args.eager_device  # the children read it
     settings = S.Settings.quick() if args.quick else S.Settings.full()
-    results = run(settings, args.steps)
+    if args.child:
+        framework, model, precision = args.child
+        if framework == "lazyxla":
+            import lazyxla  # noqa: F401  (before any backward: the autograd engine sizes its device queues once)
+        import torch
+
+        dtype = torch.bfloat16 if precision.startswith("bfloat16") else None
+        print(json.dumps(losses(framework, model, settings.spec(model), args.steps, dtype)))
+        return 0
+    results = run(settings, args.steps, args.quick, args.models.split(","))
     if args.json:
         R.write_json(args.json, results)
     print(table(results, os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu")), flush=True)

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any
 
@@ -27,13 +26,6 @@ from benchmarks import report as R
 from benchmarks import spec as S
 
 FRAMEWORKS = ("jax.jit", "lazyxla", "lazyxla captured", "lazyxla captured" + S.ZERO_GRAD_FIRST)
-
-
-def frameworks() -> tuple[str, ...]:
-    """The rows: FRAMEWORKS, and eager PyTorch where it runs on an accelerator (on the CPU its host time is its
-    whole computation, no floor worth a row)."""
-    on_cpu = os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu") == "cpu"
-    return FRAMEWORKS if on_cpu else FRAMEWORKS[:1] + ("eager",) + FRAMEWORKS[1:]
 WARMUP = 6  # a captured step replays from its third or fourth call
 
 
@@ -64,7 +56,7 @@ def run(model: str, settings: S.Settings) -> dict[str, Any]:
     spec = settings.spec(model)
     out: dict[str, Any] = {"sizes": {"benchmark": spec.describe(), "negligible": negligible(spec).describe()}}
     for size, s in (("benchmark", spec), ("negligible", negligible(spec))):
-        rows = {fw: _host_ms(fw, model, s, max(settings.steps, 10)) for fw in frameworks()}
+        rows = {fw: _host_ms(fw, model, s, max(settings.steps, 10)) for fw in FRAMEWORKS}
         lazyxla.sync(wait=True)
         floor = rows["jax.jit"]["host"]["median_ms"]
         for row in rows.values():
@@ -77,7 +69,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     """The (i) table: per model and framework, host ms per warm step at both sizes."""
     rows = []
     for model, r in results.items():
-        for fw in (f for f in frameworks() if f in r["benchmark"]):
+        for fw in FRAMEWORKS:
             b, n = r["benchmark"][fw], r["negligible"][fw]
             cells = [R.fmt(b["host"]["median_ms"], 3), R.fmt(b["host_ratio_to_jax"]), R.fmt(b["step"]["median_ms"])]
             rows.append([model, fw, *cells, R.fmt(n["host"]["median_ms"], 3), R.fmt(n["host_ratio_to_jax"])])

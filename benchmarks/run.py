@@ -297,7 +297,6 @@ def _meta(args: argparse.Namespace, settings: S.Settings) -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "eager_device": os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu"),
         "sections": args.only.split(","),
         "env": {name: os.environ.get(name) for name in ENV_DEFAULTS},
         "jax": jax.__version__,
@@ -519,18 +518,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=",".join(SECTIONS),
         help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)",
     )
-    parser.add_argument(
-        "--eager-device",
-        default=None,
-        help=f"the device eager PyTorch runs on (default cpu, or ${S.EAGER_DEVICE_VARIABLE}); cuda on a GPU host",
-    )
     args = parser.parse_args(argv)
     sections = args.only.split(",")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"--only: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    if args.eager_device:
-        os.environ[S.EAGER_DEVICE_VARIABLE] = args.eager_device  # the children read it too
     settings = S.Settings.quick() if args.quick else S.Settings.full()
     changes = {k: getattr(args, k) for k in ("steps", "warmup") if getattr(args, k) is not None}
     if args.repeats is not None:

@@ -31,8 +31,9 @@ FRAMEWORKS = (
 # lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
 # lazyxla captured: the whole step under lazyxla.compile(capture=True) (warm steps replayed without recording)
 MODELS = ("mlp", "gpt")
-# The device eager PyTorch runs on: the CPU by default; ``cuda`` on a GPU host (``benchmarks.run --eager-device``
-# sets it for the children too), so the eager column is what a PyTorch user on that machine would run.
+# The device eager PyTorch runs on: the CPU by default; ``cuda`` on a GPU host (``benchmarks.agreement
+# --eager-device``), so eager is what a PyTorch user on that machine would run. Only in a process of its own: with
+# lazyxla imported, PyTorch's autograd engine fails every CUDA backward (pytorch/pytorch#161129).
 EAGER_DEVICE_VARIABLE = "BENCH_EAGER_DEVICE"
 
 

@@ -207,24 +207,25 @@ def test_only_runs_the_sections_asked_for(tmp_path):
     assert bad.returncode == 2 and "unknown section(s) trainig" in bad.stderr, bad.stderr
 
 
-def test_the_host_table_has_an_eager_row_where_eager_runs_on_an_accelerator(monkeypatch):
-    from benchmarks import host
-    from benchmarks import spec as S
-
-    monkeypatch.delenv(S.EAGER_DEVICE_VARIABLE, raising=False)
-    assert "eager" not in host.frameworks()
-    monkeypatch.setenv(S.EAGER_DEVICE_VARIABLE, "cuda")
-    assert host.frameworks()[:2] == ("jax.jit", "eager")
-
-
 def test_agreement_compares_every_step_in_float32_and_bfloat16_autocast(tmp_path):
     path = tmp_path / "agreement.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    cmd = [sys.executable, "-m", "benchmarks.agreement", "--quick", "--steps", "2", "--json", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.agreement",
+        "--quick",
+        "--steps",
+        "2",
+        "--models",
+        "mlp",
+        "--json",
+        str(path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     results = json.loads(path.read_text())
-    assert set(results) == {f"{m}, {p}" for m in MODELS for p in ("float32", "bfloat16 autocast")}
+    assert set(results) == {"mlp, float32", "mlp, bfloat16 autocast"}
     for row in results.values():
         assert len(row["eager"]) == len(row["lazyxla"]) == 2 and row["agree"], row
         assert all(_positive(x) for x in row["eager"] + row["lazyxla"])

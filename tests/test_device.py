@@ -374,6 +374,22 @@ def test_importing_after_a_backward_says_what_to_do():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_a_cuda_backward_failing_in_pytorchs_engine_says_why_and_what_to_do():
+    """With lazyxla registered, PyTorch's engine fails every CUDA backward with an INTERNAL ASSERT (seen on an H200,
+    torch 2.11; pytorch/pytorch#161129): the wrapped engine call names the cause instead. The assert is CUDA's, so
+    here the engine call that raises it is a stand-in."""
+    from lazyxla.frontend import registration
+
+    def engine(*args, **kwargs):
+        raise RuntimeError(
+            'opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED at "/pytorch/torch/csrc/autograd/'
+            'engine.cpp":1084, please report a bug to PyTorch.'
+        )
+
+    with pytest.raises(RuntimeError, match=r"cannot run in a process where lazyxla is imported.*#161129"):
+        registration._raising_parked_errors(engine)()
+
+
 def test_copy_from_the_device_into_an_existing_cpu_tensor(dev):
     """``cpu_buffer.copy_(device_tensor)`` (PyTorch's functionalization rejects it without lazyxla's kernel)."""
     x = torch.arange(6.0).reshape(2, 3).to(dev) * 2

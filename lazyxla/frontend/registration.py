@@ -188,6 +188,17 @@ class _DeviceGuard(torch_private.DeviceGuard):
         return torch_private.PRIVATEUSE1
 
 
+# PyTorch's own limit (pytorch/pytorch#161129, open): once a PrivateUse1 backend is registered, the autograd engine
+# takes it for the process's accelerator and finds no stream for a CUDA node, so a CUDA backward (and a lazyxla one
+# after it) fails an INTERNAL ASSERT in engine.cpp. Seen on an H200 with torch 2.11 (docs/performance.md).
+CUDA_BACKWARD_MESSAGE = (
+    "a backward over CUDA tensors cannot run in a process where lazyxla is imported: PyTorch's autograd engine "
+    "takes the registered PrivateUse1 device (lazyxla) for the accelerator and finds no stream for CUDA's nodes "
+    "(its INTERNAL ASSERT 'opt_ready_stream && opt_parent_stream', pytorch/pytorch#161129). Train on lazyxla's "
+    "device, or run the CUDA reference in another process that does not import lazyxla."
+)
+
+
 def _raising_parked_errors(run_backward: Callable) -> Callable:
     @functools.wraps(run_backward)
     def run(*args, **kwargs):
@@ -201,6 +212,8 @@ def _raising_parked_errors(run_backward: Callable) -> Callable:
             _parked.clear()
             raise error from None
         except RuntimeError as e:
+            if "opt_ready_stream && opt_parent_stream" in str(e):
+                raise RuntimeError(CUDA_BACKWARD_MESSAGE) from None
             if "device_ready_queues_" not in str(e):
                 raise
             raise RuntimeError(
