@@ -153,6 +153,17 @@ def test_time_bound_leaves_the_rest_not_run(folder):
     assert t == {"test_hangs": "not run", "test_zzz_after_crash": "not run"}
 
 
+def test_a_slow_entry_sets_its_tests_time_limit(folder, monkeypatch):
+    monkeypatch.setattr(reasons, "SLOW", ((r"::test_hangs$", 2.0, "a test of the table: why it is slow"),))
+    assert reasons.time_limit("test_fake.py::TestFake::test_hangs", 1.0) == 2.0
+    assert reasons.time_limit("test_fake.py::TestFake::test_passes", 1.0) == 1.0
+    limits = suite.Limits(test=0.5, file=60.0, budget=60.0)  # the hang is killed at its own 2 s, not at 0.5 s
+    row = suite.run_file(folder, "test_fake.py", 1, "hangs|passes", limits)
+    t = {nid.split("::")[-1]: r for nid, r in row["tests"].items()}
+    assert t["test_hangs"]["outcome"] == "timeout" and "time limit of 2 s" in t["test_hangs"]["msg"]
+    assert t["test_passes"]["outcome"] == "passed"
+
+
 def test_cpu_twin_names():
     nid = "test_torch.py::TestTorchDeviceTypeLAZYXLA::test_abs_lazyxla_float32"
     assert suite.cpu_twin(nid) == "test_torch.py::TestTorchDeviceTypeCPU::test_abs_cpu_float32"
@@ -165,6 +176,9 @@ def test_reasons_table_shape():
     for pattern, reason in reasons.LISTED:
         re.compile(pattern)
         assert len(reason) > 20 and ":" in reason, f"{pattern!r} needs a reason that says why: {reason!r}"
+    for pattern, seconds, reason in reasons.SLOW:
+        re.compile(pattern)
+        assert seconds > suite.Limits.test and len(reason) > 20, (pattern, seconds, reason)
     for pattern, label in reasons.CAUSES:
         re.compile(pattern)
         assert label

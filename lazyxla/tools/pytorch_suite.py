@@ -8,7 +8,8 @@ variants and logs each test phase as a JSON line), one pytest process per file, 
   was running is recorded as ``crashed`` with the signal, and the rest of the file runs again in a new process
   without the tests already done; a test running past ``--test-timeout`` is killed the same way (``timeout``);
   each file has a time bound and the whole run a budget; every child runs in its own process group and the
-  group is killed when it ends;
+  group is killed when it ends; ``pytorch_suite_reasons.SLOW`` gives named tests (a loop over hundreds of shapes,
+  each compiled once) a longer limit, each with its reason;
 - **runs the CPU twin** (``PTS_DEVICE=cpu``) of every test that did not pass on lazyxla, so that a test failing
   on CPU too counts as a version gap between the 2023 test files and torch 2.13, not as lazyxla's failure;
 - **skips the listed tests** (``pytorch_suite_reasons.LISTED``: true differences of an XLA device, each with a
@@ -193,7 +194,7 @@ def _watch(proc: subprocess.Popen, log: Path, limits: Limits, file_end: float) -
             kill_group(proc)
             return None, "time"
         _, current, started = _outcomes(_read_log(log))
-        if current is not None and time.time() - started > limits.test:
+        if current is not None and time.time() - started > reasons.time_limit(current, limits.test):
             kill_group(proc)
             return None, "test"
 
@@ -238,7 +239,7 @@ def run_device(
             # it died after a test's last report (in its teardown): that test is the culprit
             current = _last_started(records)
         if current is not None and current in todo and (abnormal or killed):
-            results[current] = _stopped(rc, killed, limits, tail)
+            results[current] = _stopped(rc, killed, reasons.time_limit(current, limits.test), tail)
             continue
         if abnormal:
             # it stopped outside any test (collection, session start): the rest cannot run
@@ -256,10 +257,10 @@ def _last_started(records: list[dict]) -> str | None:
     return starts[-1] if starts else None
 
 
-def _stopped(rc: int | None, killed: str, limits: Limits, tail: str) -> dict:
-    """The result of the test that was running when its process ended."""
+def _stopped(rc: int | None, killed: str, limit: float, tail: str) -> dict:
+    """The result of the test that was running when its process ended (``limit``: its seconds)."""
     if killed == "test":
-        return {"outcome": "timeout", "msg": f"ran past the time limit of {limits.test:.0f} s (killed)"}
+        return {"outcome": "timeout", "msg": f"ran past the time limit of {limit:.0f} s (killed)"}
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name
         return {"outcome": "crashed", "signal": name, "msg": f"the process died from {name}\n{tail[-1500:]}"}

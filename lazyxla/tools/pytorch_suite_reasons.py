@@ -82,6 +82,33 @@ LISTED: tuple[tuple[str, str], ...] = (
     (r"::test_(cat|fill)_all_dtypes_and_devices_lazyxla$|::test_tensor_factories_empty_lazyxla$", COMPLEX32),
 )
 
+PER_SHAPE = (
+    "compiles a program per distinct shape: the test loops over hundreds of sizes, and an XLA device compiles each "
+    "new shape once (~0.3 s on 2 cores; torch_xla too), so it takes minutes where the CPU takes seconds"
+)
+
+# (pattern over the node id, seconds, why): tests given longer than the run's per-test limit, each with its reason
+SLOW: tuple[tuple[str, float, str], ...] = (
+    # i = 1..511: tensors of length i and max(index)+1, ~1,100 programs (measured: 86 for the first 39 sizes)
+    (r"::test_index_put_accumulate_duplicate_indices_lazyxla$", 900.0, PER_SHAPE),
+    # 64 shape combinations x 8 (p, compute_mode): ~960 programs (measured: 60 for 32 checks)
+    (r"::test_cdist_norm_batch_lazyxla$", 900.0, PER_SHAPE),
+)
+
+
+def time_limit(nodeid: str, default: float, table: tuple[tuple[str, float, str], ...] | None = None) -> float:
+    """Seconds ``nodeid`` may run: its ``SLOW`` entry's, else ``default``.
+
+    Example::
+
+        time_limit("test_torch.py::TestTorchDeviceTypeLAZYXLA::test_cdist_norm_batch_lazyxla", 180.0)   # 900.0
+    """
+    for pattern, seconds, _ in SLOW if table is None else table:
+        if re.search(pattern, nodeid):
+            return max(seconds, default)
+    return default
+
+
 # (pattern over the error text, label): the failure causes the summary names rather than quotes
 CAUSES: tuple[tuple[str, str], ...] = ()
 
