@@ -15,9 +15,9 @@ from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, rewired, wiring
-from lazyxla.lazy import rebase
+from lazyxla.lazy import pieces, rebase
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
-from lazyxla.lazy.tensor import LazyTensor, live_tensors
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, made
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
@@ -445,11 +445,14 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
         _left_pending.clear()
+        _quiet_at[0] = None
         if pending:
             site = diagnostics.note_sync(reason)
             pending, derived, keep = rebase.split(pending)  # a view's base is not an output too: lazy/rebase.py
-            _run_groups(pending, keep, f"{reason} at {site}", report)
+            pending, views, bases, reads = pieces.split(pending)  # nor an iterated tensor's pieces: lazy/pieces.py
+            _run_groups(pending, keep | reads, f"{reason} at {site}", report)
             rebase.rederive(derived)
+            pieces.repoint(views, bases)
     transfers = metrics.counters()["host_to_device"]
     report.host_to_device = transfers - _transfers_at_last_sync[0]
     _transfers_at_last_sync[0] = transfers
@@ -556,6 +559,11 @@ def _read_needing_nothing(reason: str) -> None:
 
 # The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
 _left_pending: dict = {}
+# ``tensor.made`` when the last host read left nothing a later read would compute (only views of device data,
+# which stay pending), else None. Until another LazyTensor is made, nothing new can be pending, so the next read
+# skips its walk over every live tensor: ``all(t)`` reads each of ``t``'s pieces, all live, and that walk per
+# read made iterating quadratic (lazy/pieces.py).
+_quiet_at: list = [None]
 
 
 def _compute_left_over(trigger: str) -> None:
@@ -566,6 +574,8 @@ def _compute_left_over(trigger: str) -> None:
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
     raise when they are read (DESIGN.md, decision 10).
     """
+    if _quiet_at[0] == made[0]:
+        return
     values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
     stale = left_over(values, _left_pending)
     if stale:
@@ -576,6 +586,7 @@ def _compute_left_over(trigger: str) -> None:
         values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
     _left_pending.clear()
     _left_pending.update(remember(values))
+    _quiet_at[0] = made[0] if not left_over(values, _left_pending) else None
 
 
 _HOST_READ_COMPUTES = ("needed", "all")

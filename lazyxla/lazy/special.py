@@ -21,8 +21,8 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.device import devices
-from lazyxla.ir import raise_if_error
-from lazyxla.lazy import graph, known, positions
+from lazyxla.ir import Leaf, raise_if_error
+from lazyxla.lazy import graph, known, pieces, positions
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.rules.view import slice_bounds
@@ -48,10 +48,55 @@ def lazy_to_cpu(t: LazyTensor, dtype: torch.dtype | None = None, reason: str = "
     if value is not None:
         graph.sync_tensors([t], reason=reason, host_read=True)
         return value.clone() if dtype is None or dtype == value.dtype else value.to(dtype)
+    if t._piece:
+        value = _read_piece(t, reason)
+        if value is not None:
+            return value if dtype is None or dtype == value.dtype else value.to(dtype)
     arr = _materialize(t, reason)
     metrics.inc("device_to_host")
     out = devices.to_host(arr, t.dtype)  # timed there (transfer_from_device), as every copy to the host
     return out if dtype is None or dtype == out.dtype else out.to(dtype)
+
+
+def _read_piece(t: LazyTensor, reason: str) -> torch.Tensor | None:
+    """A host read of a piece of an iterated tensor (``lazy/pieces.py``): its base is computed (the pieces
+    re-pointed at the result, none of them an output) and copied to the host once, and the piece's value is
+    taken from that copy. None if ``t`` no longer views its base (a sync computed it)."""
+    n = t._value[0]
+    if n.op is not pieces.SELECT:
+        return None
+    base = n.inputs[0]
+    if base[0].op is not Leaf.DATA:
+        graph.sync_tensors([LazyTensor(base, base[0].avals[base[1]])], reason=reason, host_read=True)
+        n = t._value[0]
+        if n.op is not pieces.SELECT or n.inputs[0][0].op is not Leaf.DATA:
+            return None
+        base = n.inputs[0]
+    else:  # still a host read: it computes what the previous read left pending (graph.sync_tensors)
+        graph.sync_tensors([], reason=reason, host_read=True)
+    host = _on_host(base[0])
+    return host.select(n.template[0][1], n.inputs[1][0].payload).clone()
+
+
+# Host copies of iterated tensors' values: id(device-data node) -> (weak reference to it, CPU tensor). A few,
+# so that zip(a, b) over two tensors does not copy each again at every step; an entry leaves with its node.
+_host_copies: dict = {}
+_HOST_COPIES = 4
+
+
+def _on_host(n) -> torch.Tensor:
+    """The CPU copy of device data ``n``'s value (``n`` is immutable: the copy stays right while it lives)."""
+    found = _host_copies.get(id(n))
+    if found is not None and found[0]() is n:
+        return found[1]
+    raise_if_error(n)
+    metrics.inc("device_to_host")
+    host = devices.to_host(n.payload, n.avals[0].dtype)
+    while len(_host_copies) >= _HOST_COPIES:
+        del _host_copies[next(iter(_host_copies))]
+    key = id(n)
+    _host_copies[key] = (weakref.ref(n, lambda _: _host_copies.pop(key, None)), host)
+    return host
 
 
 def cpu_to_lazy(t: torch.Tensor, device: int) -> LazyTensor:
@@ -585,6 +630,7 @@ SPECIAL = {
     aten.nonzero.default: _nonzero,
     aten.slice_copy.Tensor: _slice,
     aten.select_copy.int: _select,
+    aten.unbind_copy.int: pieces.unbind,
     aten.select_scatter.default: positions.select_scatter,
     aten.slice_scatter.default: positions.slice_scatter,
     aten.copy.default: copy_into,

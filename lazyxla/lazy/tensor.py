@@ -48,6 +48,7 @@ watch_left = [0]
 class LazyTensor(torch.Tensor):
     _value: tuple  # (Node, output index)
     _aval: Aval  # its shape and dtype, as the recorder keys ops by them
+    _piece = False  # a piece of a wide unbind (iterating a tensor): syncs and host reads differ (lazy/pieces.py)
 
     @staticmethod
     def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
