@@ -17,7 +17,9 @@ with the device's C++ allocator (a Python backend has none). PyTorch offers a de
   device memory belongs to jax. ``tensor.set_(storage, ...)`` on a lazyxla tensor copies it to the device
   (``lazy/special.py``), which is how PyTorch's ``_rebuild_tensor`` makes the loaded tensor.
 - **Deep copies**: a clone (free: the same recorded value), as PyTorch does for XLA tensors; tensors that share
-  a storage and value in the original share one in the copy (aliases, as ``detach()`` makes).
+  a storage and value in the original share one in the copy (aliases, as ``detach()`` makes), and a view of a base
+  holding its storage is the same view of that base's copy (one per storage and ``deepcopy`` call, as PyTorch
+  copies a CPU storage once).
 
 Not kept across a save: views of one storage with different shapes are written as separate storages (the
 wrapper's strides are not the view's, so the relation cannot be rebuilt), and tensors rebuilt from one saved
@@ -156,7 +158,7 @@ def _reduce_ex_internal(self: torch.Tensor, proto):
 
 def _deepcopy(self: torch.Tensor, memo):
     """``Tensor.__deepcopy__``: PyTorch's for every tensor but lazyxla's, which are cloned as PyTorch clones XLA
-    tensors (no host read); tensors sharing a storage and value stay aliases of one copy."""
+    tensors (no host read); tensors sharing a storage and value stay aliases of one copy, views stay views of it."""
     if not _is_lazyxla(self) or not self.is_leaf:  # PyTorch's raises its own error for a non-leaf
         return _original_deepcopy(self, memo)
     if id(self) in memo:
