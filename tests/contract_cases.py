@@ -229,6 +229,37 @@ def resume_optimizer_from_checkpoint():
 
 
 @case
+def deepcopy_keeps_views_of_the_copied_base():
+    """``deepcopy`` of a base with its views and storages, in any order, gives views and storages of the copied base
+    (PyTorch copies a storage once per call), compared with the same code on the CPU: the views were separate
+    copies, and a write to the copied base did not reach them (PyTorch's test_torch: test_deepcopy)."""
+    import warnings
+
+    warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated: PyTorch's own test reads it
+    got = {}
+    for device in ("cpu", dev):
+        a = torch.arange(25.0).reshape(5, 5).to(device)
+        b = (torch.arange(25.0).reshape(5, 5) * 2).to(device)
+        q = [a, [a.storage(), b.storage()], b, a.view(25), a[1:].t(), a.detach()]
+        w = copy.deepcopy(q)
+        w[0].add_(1)
+        w[2].sub_(1)
+        got[torch.device(device).type] = [torch.tensor(w[1][0].tolist()), torch.tensor(w[1][1].tolist()), *w[2:], w[0]]
+        view, base, storage = copy.deepcopy([a[2:], a, a.untyped_storage()])  # the view before its base
+        base.mul_(2)
+        view.add_(1)
+        got[torch.device(device).type] += [view, base, torch.tensor(storage, dtype=torch.float32)]
+        assert torch.equal(a.cpu(), torch.arange(25.0).reshape(5, 5))  # the originals are untouched
+        lone = copy.deepcopy(a[1:3])  # a view alone: its copy keeps the whole storage, at the view's offset
+        got[torch.device(device).type] += [
+            torch.tensor(lone.untyped_storage().nbytes()),
+            torch.tensor(lone.data_ptr() - lone.untyped_storage().data_ptr()),
+        ]
+    for c, d in zip(got["cpu"], got[dev.type]):
+        same(d.cpu(), c)
+
+
+@case
 def ema_averaged_model():
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 

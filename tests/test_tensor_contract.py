@@ -24,7 +24,12 @@ GROUPS = {
         "pickle_tensors_and_parameters",
         "failed_save_keeps_previous_checkpoint",
     ],
-    "copies": ["ties_survive_save_and_deepcopy", "deepcopy_tensors_modules_optimizers", "ema_averaged_model"],
+    "copies": [
+        "ties_survive_save_and_deepcopy",
+        "deepcopy_tensors_modules_optimizers",
+        "deepcopy_keeps_views_of_the_copied_base",
+        "ema_averaged_model",
+    ],
     "resume": ["resume_optimizer_from_checkpoint", "hugging_face_save_pretrained"],
     "storages": ["storages", "no_crash_on_pointers", "tensor_from_storage_and_linked_deepcopy"],
 }

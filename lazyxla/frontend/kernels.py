@@ -368,7 +368,27 @@ def _block_diag(keyset, tensors):
 _block_diag.with_keyset = True
 
 
+# ``x.view(dtype)`` is no autograd view (its ``_base`` is None, as on the CPU), so the base its functionalization
+# view chain starts from is kept when it is made (frontend/layout.py): ``data_ptr`` then gives it the CPU's address
+# (``x[1:].view(torch.int16)`` starts where ``x[1:]`` does). PyTorch's check of the storage offset for a larger
+# element size read the wrapper's offset, 0 for every view; it is made on the CPU's.
+_original_view_dtype = torch_private.computed_kernel("aten::view.dtype", "AutogradPrivateUse1")
+
+
+def _view_dtype(keyset, self, dtype):
+    """``aten::view.dtype`` at AutogradPrivateUse1: the CPU's storage-offset check, PyTorch's kernel, and the
+    view's base noted for its CPU layout."""
+    layout.check_view_dtype(self, dtype)
+    view = _original_view_dtype.call_boxed(keyset, self, dtype)
+    layout.note_dtype_view(view, self)
+    return view
+
+
+_view_dtype.with_keyset = True
+
+
 AUTOGRAD_KERNELS = {
+    "view.dtype": _view_dtype,
     "block_diag": _block_diag,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
     "allclose": _allclose,

@@ -26,6 +26,7 @@ import math
 import warnings
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from lazyxla import torch_private
 
@@ -430,10 +431,111 @@ def _key(t: torch.Tensor) -> tuple | None:
     chain = torch_private.view_meta_sequence(t)
     if not chain:
         return (tuple(t.shape), t.dtype, ())
-    base = torch_private.view_base(t)
-    if base is None or not torch_private.covers_its_storage(base):
+    root = _root(t)
+    if root is None:
         return None
-    return (tuple(base.shape), base.dtype, tuple((type(m).__name__, _hashable(m.as_tuple())) for m in chain))
+    return (*root, tuple((type(m).__name__, _hashable(m.as_tuple())) for m in chain))
+
+
+def _root(t: torch.Tensor) -> tuple | None:
+    """(shape, dtype) of the tensor whose storage the view ``t``'s chain starts from: its ``_base`` when that holds
+    the whole storage; for a dtype view (which has no ``_base``) and the views of one, what ``note_dtype_view``
+    kept; None otherwise."""
+    found = _roots.get(t)
+    if found is not None:
+        return found
+    base = torch_private.view_base(t)
+    if base is None:
+        return None
+    if torch_private.covers_its_storage(base):
+        return (tuple(base.shape), base.dtype)
+    return _roots.get(base)
+
+
+# dtype view -> (shape, dtype) of its storage's base. ``x.view(dtype)`` is no autograd view (its ``_base`` is None,
+# as on the CPU), so its chain's start is kept here when it is made (weakly: an entry lives as long as its view).
+_roots = WeakIdKeyDictionary()
+
+
+def note_dtype_view(view: torch.Tensor, source: torch.Tensor) -> None:
+    """Remember, for ``view = source.view(dtype)``, the base its view chain starts from, so that its CPU layout
+    (``data_ptr``'s offset, its views' layouts) is known as for any other view.
+
+    Example::
+
+        note_dtype_view(y, x[1:])      # y = x[1:].view(torch.int16): cpu_layout(y).storage_offset() == 2
+    """
+    if not torch_private.is_functional(view):
+        return
+    root = (tuple(source.shape), source.dtype) if covers(source) else _root(source)
+    if root is not None:
+        _roots[view] = root
+
+
+def covers(t: torch.Tensor) -> bool:
+    """Whether the functionalization wrapper ``t`` holds its whole storage (no view chain but aliases)."""
+    return torch_private.is_functional(t) and torch_private.covers_its_storage(t)
+
+
+def check_view_dtype(t: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise PyTorch's error for ``t.view(dtype)`` to a larger element size where ``t``'s CPU layout does not allow
+    it: a storage offset or a stride that is no multiple of the size ratio (``x[1:].view(torch.float64)`` of
+    float32 ``x``, ``x.as_strided((4, 2), (1, 1)).view(torch.float64)``). PyTorch's own check read the wrapper's
+    offset and strides (0 and contiguous whatever view it is) and passed. Asked on the CPU layout (a meta tensor),
+    where its last dim is contiguous; where it is not, the CPU refuses every such view, and lazyxla views the values
+    its wrapper reports (``t.stride(-1) == 1``; PyTorch's own tests decide by that stride).
+
+    Example::
+
+        check_view_dtype(torch.ones(4, device=dev)[1:], torch.float64)   # RuntimeError: self.storage_offset() ...
+    """
+    if dtype.itemsize <= t.element_size() or not t.dim():
+        return
+    cpu = cpu_layout(t)
+    if cpu is None or cpu.stride(-1) != 1:
+        return
+    try:
+        cpu.view(dtype)
+    except RuntimeError as e:
+        raise RuntimeError(str(e).split("\n")[0]) from None
+
+
+def view_like(t: torch.Tensor, base: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s view made again, by the same view ops, from ``base`` (a tensor of the shape and dtype of the base
+    ``t``'s view chain starts from); None where that base is not known or an op cannot be replayed.
+
+    Example::
+
+        view_like(x[1:].t(), y)      # y[1:].t(), a view of y
+    """
+    key = _key(t)
+    if key is None or tuple(base.shape) != key[0] or base.dtype != key[1]:
+        return None
+    return _replay(key, base)
+
+
+def _strided_meta(size, stride, storage_offset: int, dtype) -> torch.Tensor:
+    """A meta tensor of ``size``, ``stride`` and ``storage_offset`` (over a storage just large enough)."""
+    extent = 1 + storage_offset + sum((n - 1) * s for n, s in zip(size, stride) if n)
+    return torch.empty(extent, dtype=dtype, device=_META).as_strided(size, stride, storage_offset)
+
+
+def _view_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.view(dtype)`` on the meta tensor ``t`` (a CPU layout), also where the CPU refuses that layout (a strided
+    last dim: the lazyxla view was made from its wrapper's contiguous strides): then a contiguous layout of the
+    view's size that starts at the same byte, which is all ``data_ptr`` reads of it."""
+    try:
+        return t.view(dtype)
+    except RuntimeError:
+        old, new = t.element_size(), dtype.itemsize
+        size = list(t.shape)
+        if size and old != new:
+            size[-1] = size[-1] * old // new
+        offset = t.storage_offset() * old // new
+        strides = [1] * len(size)
+        for i in range(len(size) - 2, -1, -1):
+            strides[i] = strides[i + 1] * max(size[i + 1], 1)
+        return _strided_meta(tuple(size), tuple(strides), offset, dtype)
 
 
 def _hashable(x):
@@ -465,7 +567,8 @@ def _replay(key: tuple, base: torch.Tensor | None = None) -> torch.Tensor | None
                     kwargs[a.name] = v
                 else:
                     args.append(v)
-            out = op(*args, **kwargs)
+            meta_dtype_view = op is aten.view.dtype and t.device == _META
+            out = _view_dtype(t, *args[1:]) if meta_dtype_view else op(*args, **kwargs)
             t = out[fields[1]] if at == 3 else out
     except Exception:  # a view op this replay does not know how to call: no layout, no check
         return None

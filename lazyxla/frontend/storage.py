@@ -17,7 +17,9 @@ with the device's C++ allocator (a Python backend has none). PyTorch offers a de
   device memory belongs to jax. ``tensor.set_(storage, ...)`` on a lazyxla tensor copies it to the device
   (``lazy/special.py``), which is how PyTorch's ``_rebuild_tensor`` makes the loaded tensor.
 - **Deep copies**: a clone (free: the same recorded value), as PyTorch does for XLA tensors; tensors that share
-  a storage and value in the original share one in the copy (aliases, as ``detach()`` makes).
+  a storage and value in the original share one in the copy (aliases, as ``detach()`` makes), and a view of a base
+  holding its storage is the same view of that base's copy (one per storage and ``deepcopy`` call, as PyTorch
+  copies a CPU storage once).
 
 Not kept across a save: views of one storage with different shapes are written as separate storages (the
 wrapper's strides are not the view's, so the relation cannot be rebuilt), and tensors rebuilt from one saved
@@ -45,7 +47,7 @@ import torch.utils.dlpack
 from lazyxla import torch_private
 from lazyxla.device.devices import on_device
 from lazyxla.frontend import layout
-from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes
+from lazyxla.lazy.special import note_storage_owner, refilled, storage_bytes, storage_holder
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.util import atomic_write, contiguous_strides
 
@@ -156,19 +158,13 @@ def _reduce_ex_internal(self: torch.Tensor, proto):
 
 def _deepcopy(self: torch.Tensor, memo):
     """``Tensor.__deepcopy__``: PyTorch's for every tensor but lazyxla's, which are cloned as PyTorch clones XLA
-    tensors (no host read); tensors sharing a storage and value stay aliases of one copy."""
+    tensors (no host read); tensors sharing a storage and value stay aliases of one copy, views stay views of it."""
     if not _is_lazyxla(self) or not self.is_leaf:  # PyTorch's raises its own error for a non-leaf
         return _original_deepcopy(self, memo)
     if id(self) in memo:
         return memo[id(self)]
-    value = unwrap(self)._value
-    key = ("lazyxla storage", torch_private.storage_id(self), id(value[0]), value[1], self.dtype, tuple(self.shape))
     with torch.no_grad():
-        shared = memo.get(key)
-        new = shared.detach() if shared is not None else self.clone()
-        if shared is None:
-            memo[key] = new
-            _link_storage_copy(self, new, memo)
+        new = _copied_value(self, memo)
         if self.requires_grad:
             new.requires_grad_()
         if self.grad is not None:
@@ -188,13 +184,72 @@ def _deepcopy(self: torch.Tensor, memo):
     return new
 
 
-def _link_storage_copy(self: torch.Tensor, new: torch.Tensor, memo) -> None:
-    """Make a deep copy of ``self``'s storage, in the same ``deepcopy`` call, be ``new``'s storage, as PyTorch's
-    ``UntypedStorage.__deepcopy__`` memo (``memo["torch"]``) does for a CPU tensor: ``deepcopy([t, t.storage()])``
-    gives a storage that reads the copied tensor's values. Only for a tensor holding its whole storage (the tensor
-    a storage is read through); a view's copy stays a separate copy (see the module's docstring)."""
-    if torch_private.covers_its_storage(self):
-        memo.setdefault("torch", {})[torch_private.storage_identity(self.untyped_storage())] = new.untyped_storage()
+def _copied_value(self: torch.Tensor, memo) -> torch.Tensor:
+    """The copy of ``self``'s value in the deep copy ``memo`` belongs to: an alias of the copy of a tensor holding
+    the same value of the same storage (``t`` and ``t.detach()``); for a view of a base holding its whole storage,
+    the same view of the copy of that base (copied once per storage, as PyTorch copies a CPU tensor's storage once
+    in a ``deepcopy`` call: ``deepcopy([a, a.view(25)])`` gives a view of the copied ``a``); a clone otherwise."""
+    value = unwrap(self)._value
+    key = ("lazyxla storage", torch_private.storage_id(self), id(value[0]), value[1], self.dtype, tuple(self.shape))
+    shared = memo.get(key)
+    if shared is not None:
+        return shared.detach()
+    covers = torch_private.covers_its_storage(self)
+    root = self if covers else torch_private.view_base(self)
+    new = None
+    if type(self) is not torch.Tensor:  # a subclass: its own clone() (its view ops may not be aten's)
+        new = self.clone()
+        if covers:
+            memo.setdefault("torch", {}).setdefault(_storage_key(self), new.untyped_storage())
+    elif root is self:
+        made = ("lazyxla storage root", torch_private.storage_id(self)) not in memo
+        new = _root_copy(self, memo)
+        if not made:  # an alias of the copy its storage got earlier in this call, which that storage reads from
+            new = new.detach()  # (the copy itself lives only as long as the memo)
+            note_storage_owner(new, new.untyped_storage())
+    elif root is not None and torch_private.covers_its_storage(root):
+        new = layout.view_like(self, _root_copy(root, memo))
+    if new is None:  # a view of part of a storage (a detached view, a dtype view's views), or not replayable
+        new = self.clone()
+    memo[key] = new
+    return new
+
+
+def _root_copy(root: torch.Tensor, memo) -> torch.Tensor:
+    """The copy, in the deep copy ``memo`` belongs to, of ``root`` (a tensor holding its whole storage): made once
+    per storage, and the copy of the storage too, as PyTorch's ``UntypedStorage.__deepcopy__`` memo
+    (``memo["torch"]``) links them for a CPU tensor: ``deepcopy([t, t.storage()])`` gives a storage that reads the
+    copied tensor's values, in either order."""
+    key = ("lazyxla storage root", torch_private.storage_id(root))
+    found = memo.get(key)
+    if found is None:
+        with torch.no_grad():
+            found = memo[key] = root.clone()
+        memo.setdefault("torch", {})[_storage_key(root)] = found.untyped_storage()
+    return found
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """The key of ``t``'s storage in PyTorch's storage deep-copy memo (``memo["torch"]``)."""
+    return torch_private.storage_identity(t.untyped_storage())
+
+
+def _storage_deepcopy(deepcopy):
+    """``UntypedStorage.__deepcopy__`` that copies a lazyxla tensor's storage as the storage of a copy of the tensor
+    holding it (``_root_copy``), so that the tensor, copied after its storage in the same call, shares it
+    (``deepcopy([t.storage(), t])``); PyTorch's otherwise (a host copy for a storage no tensor holds)."""
+
+    @functools.wraps(deepcopy)
+    def copied(self, memo):
+        links = memo.get("torch", {})
+        if torch_private.storage_identity(self) not in links and not isinstance(self, DeviceStorage):
+            holder = storage_holder(self) if on_device(self.device) else None
+            if holder is not None:
+                _root_copy(holder, memo)
+        return deepcopy(self, memo)
+
+    copied._lazyxla = True
+    return copied
 
 
 def _holds_lazyxla(obj, depth: int = 0) -> bool:
@@ -395,6 +450,7 @@ def install() -> None:
         torch_private.set_storage_new(_storage_new)
         torch_private.accept_wrapped_storage(DeviceStorage)
         torch_private.wrap_storage_method("data_ptr", _identifying)
+        torch_private.wrap_storage_method("__deepcopy__", _storage_deepcopy)
         for name in ("__getitem__", "tolist", "_write_file"):
             torch_private.wrap_storage_method(name, _reading)
         for name in ("__setitem__", "fill_", "copy_", "resize_"):

@@ -504,14 +504,26 @@ def note_storage_owner(t: torch.Tensor, storage) -> None:
         _owners[torch_private.storage_identity(storage)] = owner
 
 
-def storage_owner(storage) -> LazyTensor | None:
-    """The LazyTensor holding the values of the lazyxla ``storage`` in order (see ``note_storage_owner``), or None
-    when no tensor of it was asked for its storage or the storage is not a lazyxla tensor's."""
+def storage_holder(storage) -> torch.Tensor | None:
+    """The user-visible lazyxla tensor holding the values of the lazyxla ``storage`` in order (the wrapper of
+    ``storage_owner``'s LazyTensor), or None.
+
+    Example::
+
+        storage_holder(w[2:].untyped_storage()) is w     # after w[2:].untyped_storage() was asked for
+    """
     key = torch_private.storage_identity(storage)
     owner = _owners.get(key)
     if owner is None or torch_private.storage_identity(_storage_of(owner)) != key:
         return None
-    return unwrap(owner)
+    return owner
+
+
+def storage_owner(storage) -> LazyTensor | None:
+    """The LazyTensor holding the values of the lazyxla ``storage`` in order (see ``note_storage_owner``), or None
+    when no tensor of it was asked for its storage or the storage is not a lazyxla tensor's."""
+    owner = storage_holder(storage)
+    return None if owner is None else unwrap(owner)
 
 
 _storage_of = torch.Tensor.untyped_storage  # PyTorch's own: frontend/storage.py wraps the method to note owners
