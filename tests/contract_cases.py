@@ -393,6 +393,16 @@ def tensor_from_storage_and_linked_deepcopy():
                 assert "Expected a Storage of type" in str(e), e
             else:
                 raise AssertionError("should raise")
+        # the storage of a temporary: it keeps the values (and PyTorch's dtype check) as on the CPU
+        for t in (c, d):
+            storage = t.clone().storage()
+            same(torch.tensor(storage, dtype=dt), torch.tensor(c.storage(), dtype=dt))
+            try:
+                torch.tensor(t.clone().storage(), dtype=other)
+            except RuntimeError as e:
+                assert "Expected a Storage of type" in str(e), e
+            else:
+                raise AssertionError("should raise")
     c = torch.arange(6.0)
     d = c.to(dev)
     copies = {}

@@ -369,6 +369,26 @@ def _noting_owner(untyped_storage):
     return noted
 
 
+def _holding_owner(typed_storage):
+    """``Tensor.storage`` (a TypedStorage, a plain Python object) that keeps the holder of a lazyxla tensor's values
+    alive as long as it lives: the storage of a temporary (``torch.tensor(a.to(torch.int8).storage(), ...)``) is
+    read as on the CPU, where the storage keeps its bytes. Only the TypedStorage holds it: the UntypedStorage's
+    Python object is kept by its C++ storage, the holder's own, so a reference from it would make a cycle through
+    C++ that Python's collector cannot see."""
+
+    @functools.wraps(typed_storage)
+    def holding(self):
+        typed = typed_storage(self)
+        if _is_lazyxla(self):
+            holder = storage_holder(typed.untyped())
+            if holder is not None:
+                typed._lazyxla_holder = holder
+        return typed
+
+    holding._lazyxla = True
+    return holding
+
+
 def _lazyxla_bytes(storage) -> torch.UntypedStorage | None:
     """A host copy of the bytes of a lazyxla tensor's storage (functionalization's), None for any other storage."""
     if isinstance(storage, DeviceStorage) or not isinstance(storage, torch.UntypedStorage):
@@ -458,6 +478,8 @@ def install() -> None:
         torch_private.wrap_tensor_untyped_storage(_noting_owner)
         if not getattr(torch.Tensor.data_ptr, "_lazyxla", False):
             torch.Tensor.data_ptr = _addressing(torch.Tensor.data_ptr)
+        if not getattr(torch.Tensor.storage, "_lazyxla", False):
+            torch.Tensor.storage = _holding_owner(torch.Tensor.storage)
         torch.serialization.register_package(15, lambda storage: None, _restore)  # before PyTorch's PrivateUse1 (23)
         if not getattr(torch.save, "_lazyxla", False):
             torch.save = _saving_atomically(torch.save)
