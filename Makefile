@@ -26,7 +26,7 @@ test-ops: $(STAMP)
 	$(PY) -m pytest -q tests/ops --opinfo=full; status=$$?; $(PY) -m lazyxla.tools.coverage; exit $$status
 
 # PyTorch's own device-generic tests (../shared/pytorch-tests, or PYTORCH_TESTS=...) with a crash-isolating runner and
-# their CPU twins; sampled to stay well under an hour on 2 cores (docs/testing.md). Their test files import
+# their CPU twins; sampled to take about 1.5 hours on 2 cores (docs/testing.md). Their test files import
 # hypothesis, installed beside the project (build/pytorch-tests-deps), not into the venv.
 PTS_DEPS := build/pytorch-tests-deps
 
