@@ -32,13 +32,8 @@ def losses(framework: str, model: str, spec, steps: int, autocast) -> list[float
     """``steps`` losses of ``model`` trained by ``framework`` ('eager' or 'lazyxla'), each read after its step."""
     from benchmarks import torch_models
 
-    record, sync = torch_models.setup(model, spec, framework, autocast=autocast)
-    out = []
-    for _ in range(steps):
-        loss = record()
-        sync()
-        out.append(float(loss.item()))
-    return out
+    step = torch_models.make_step(model, spec, framework, autocast=autocast)
+    return [step() for _ in range(steps)]
 
 
 def _child(framework: str, model: str, precision: str, steps: int, quick: bool) -> list[float]:

@@ -144,12 +144,17 @@ def setup(
 
 
 def make_step(
-    model: str, spec: S.MLPSpec | S.GPTSpec, framework: str, zero_grad_first: bool = False
+    model: str,
+    spec: S.MLPSpec | S.GPTSpec,
+    framework: str,
+    zero_grad_first: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> Callable[[], float]:
     """A training step of ``model`` ('mlp' or 'gpt') on ``framework`` ('eager', 'lazyxla' or 'lazyxla
     compiled'): forward, backward, the optimizer step, ``lazyxla.sync()`` on lazyxla; returns
-    ``loss.item()``. ``step.record_s``: the seconds the last call spent before the sync."""
-    record, sync = setup(model, spec, framework, zero_grad_first)
+    ``loss.item()``. ``step.record_s``: the seconds the last call spent before the sync. ``autocast``: as
+    ``setup``'s."""
+    record, sync = setup(model, spec, framework, zero_grad_first, autocast)
 
     def step() -> float:
         start, cpu = time.perf_counter(), time.thread_time()
