@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import difflib
 import os
@@ -369,6 +370,15 @@ def unknown_variables(environ: dict[str, str]) -> list[str]:
     return messages
 
 
+# Flags lazyxla itself sets for one block of its own work (``config.scoped``: the Dynamo backend's trace, eager mode's
+# "lazy inside"). Each is read through ``config.<name>`` wherever it is read, never through the values dict, so a
+# scoped value holds in the thread (and asyncio task) that set it only. (Flags read per op through the values dict
+# stay process-wide: ``override``.)
+SCOPABLE = frozenset({"strict", "eager", "known_values_limit"})
+_EMPTY: dict = {}  # (never changed: the default of every context's scoped flags)
+_scoped: contextvars.ContextVar[dict] = contextvars.ContextVar("lazyxla_config_scoped", default=_EMPTY)
+
+
 class _Config:
     """The live flag values; attribute access reads and writes them."""
 
@@ -381,6 +391,9 @@ class _Config:
         object.__setattr__(self, "_watchers", {})
 
     def __getattr__(self, name: str) -> Any:
+        scoped = _scoped.get()
+        if scoped and name in scoped:
+            return scoped[name]
         try:
             return self._values[name]
         except KeyError:
@@ -433,6 +446,38 @@ class _Config:
         finally:
             for name, value in old.items():
                 setattr(self, name, value)
+
+    @contextlib.contextmanager
+    def scoped(self, **changes: Any) -> Iterator[None]:
+        """Set flags of ``SCOPABLE`` for a ``with`` block in this thread only (and its asyncio task): lazyxla's own
+        temporary settings, which must not change what another thread does meanwhile (a DeviceLoader's uploads,
+        autograd's backward thread, a user's second thread). ``override`` sets flags for the whole process.
+        ``eager`` can only be turned off here (lazy mode inside eager mode).
+
+        Example::
+
+            with lazyxla.config.scoped(strict=True, eager=False):    # the Dynamo backend tracing a graph
+                out = gm(*inputs)
+        """
+        for name, value in changes.items():
+            if name not in SCOPABLE:
+                raise ValueError(
+                    f"lazyxla.config.scoped({name}=...): only {sorted(SCOPABLE)} can be set for one thread; "
+                    "use lazyxla.config.override for the whole process"
+                )
+            flag = _BY_NAME[name]
+            if not isinstance(value, flag.type):
+                raise TypeError(f"lazyxla.config.{name} takes a {flag.type.__name__}, got {value!r}")
+        if changes.get("eager"):
+            raise ValueError(
+                "lazyxla.config.scoped(eager=True): eager mode is turned on for the whole process only "
+                "(lazyxla.eager_mode(True) or lazyxla.config.override(eager=True))"
+            )
+        token = _scoped.set({**_scoped.get(), **changes})
+        try:
+            yield
+        finally:
+            _scoped.reset(token)
 
     def describe(self) -> str:
         """A table of every flag: name, value, environment variable and help."""

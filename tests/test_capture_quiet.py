@@ -240,17 +240,18 @@ def test_a_compiled_forward_between_steps_reads_the_parameters_it_was_called_wit
 def test_long_work_between_steps_disarms_the_watch(dev):
     """An evaluation loop between two steps (more than ``WATCH_OPS`` ops) does not pay the watch's argument scan
     for long: the watch gives up, and the next replay takes the full path, with lazy mode's numbers."""
-    from lazyxla.lazy import tensor
+    from lazyxla.lazy import session as session_module
+    from lazyxla.lazy.session import session
 
     states = []
 
     def between(i, model, opt, seen):
         if i == 6:
-            armed = bool(tensor.watched)
+            armed = bool(session.watched)
             x = torch.ones(4, device=dev)
-            for _ in range(tensor.WATCH_OPS + 10):
+            for _ in range(session_module.WATCH_OPS + 10):
                 x = x * 1.0001
-            states.append((armed, bool(tensor.watched)))
+            states.append((armed, bool(session.watched)))
             seen.append(x.sum().item())
 
     _check(dev, between, min_replays=6)

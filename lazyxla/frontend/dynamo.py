@@ -182,7 +182,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
     syncs = metrics.counters()["syncs"]
     try:
         # (autocast off: the graph holds the casts autocast made when it was captured)
-        with config.override(strict=True, eager=False), torch.no_grad(), torch_private.disable_autocast():
+        with config.scoped(strict=True, eager=False), torch.no_grad(), torch_private.disable_autocast():
             out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
     except Exception as e:
         raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None

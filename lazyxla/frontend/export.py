@@ -184,7 +184,7 @@ def export(
     # Nothing is computed on the host from known values (lazy/known.py) while the function is recorded: an
     # integer input, or state updated in place (BatchNorm's num_batches_tracked), would become a constant of
     # the program instead of an input it computes from.
-    with config.override(known_values_limit=0):
+    with config.scoped(known_values_limit=0):
         return _export(fn, example_args, state, platforms, random_key)
 
 

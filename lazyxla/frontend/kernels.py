@@ -18,7 +18,7 @@ from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS
 from lazyxla.lazy.special import copy_into, lazy_to_cpu
-from lazyxla.lazy.tensor import LazyTensor, dispatch_op, fresh, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, dispatch_op, set_value, unwrap, wrap
 
 aten = torch.ops.aten
 _flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
@@ -47,8 +47,7 @@ def _empty(size, dtype=None, device=None):
     index = 0 if device is None else (torch.device(device).index or 0)
     devices.jax_device(index)  # raises a clear error for a device that does not exist
     kw = {"dtype": dtype, "device": devices.torch_device(index)}
-    lt = record(aten.empty.memory_format, (list(size),), kw)
-    fresh[0] += 1  # reads no existing value (lazy/capture.py's quiet check)
+    lt = record(aten.empty.memory_format, (list(size),), kw, fresh=True)
     return lt if _below_functionalization() else wrap(lt)
 
 
@@ -85,7 +84,7 @@ def _copy_from(src, dst, non_blocking=False):
     if on_device(dst):
         inner = unwrap(dst)
         new = copy_into(inner, unwrap(src) if on_device(src) else src)
-        inner._value = new._value
+        set_value(inner, new._value)
         return dst
     dst.copy_(lazy_to_cpu(unwrap(src), reason="copy_ to a CPU tensor"))
     return dst

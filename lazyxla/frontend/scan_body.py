@@ -380,6 +380,8 @@ def trace(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad: bool
     syncs = metrics.counters()["syncs"]
     made: list = []  # every placeholder leaf: whatever is still alive and reads one is disarmed after
     try:
+        # (for the process, not this thread: config.scoped would not reach autograd's thread, which records the
+        # iteration's backward)
         with config.override(strict=True):
             traced = _run(fn, unflatten_carry, unflatten_xs, flat_init, flat_xs, need_grad, device, made)
         if metrics.counters()["syncs"] != syncs:

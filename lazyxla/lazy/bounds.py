@@ -227,7 +227,7 @@ def check(func, args, kwargs, run: Callable):
         usable = type(b.index) is LazyTensor and b.index.dtype in dtypes and b.index.numel()
         if usable and not _checked_on_host(b):
             on_device.append(b)
-    if on_device and (_values["check_indices"] or _values["eager"]) and not diagnostics.active_regions():
+    if on_device and (_values["check_indices"] or config.eager) and not diagnostics.active_regions():
         _check_on_device(on_device)
     return out  # an op whose index is out of range raised above: its recorded result is never handed out
 

@@ -54,16 +54,16 @@ under a scheduler: the scheduler fills it in place between steps and a replay re
 run with ``capturable=True`` (and that tensor learning rate) computes exactly what a replayed step does.
 
 Quiet replays: after a replay, the LazyTensors that hold the values it changed in place (parameters, optimizer
-state, buffers) are watched (``tensor.watched``): the first op that reads or writes one (a view read, an
-in-place update, a host read of a parameter) counts in ``tensor.touched``. A replay with no such op and no
-other replay since the last one is *quiet*: the results that replace a location's value go into the node that
-held it (``_Entry._reused``), with no functionalization call. Work between two steps that does not touch those
-tensors (the next batch moved to the device, a loss accumulator, an LR scheduler's ``fill_`` of a tensor
-learning rate) keeps the next replay quiet; when anything was recorded, the pending work is run first and the
-buffers the program takes over are checked for new holders (one scan of the live tensors). More than
-``tensor.WATCH_OPS`` ops between two steps (an evaluation loop) end the watch, as a touch does. Otherwise the
-replay takes the full path, which puts every result through functionalization, so views and aliases read
-since the last replay see it.
+state, buffers) are watched (``session.watched``, lazy/session.py): the first op that reads or writes one (a view
+read, an in-place update, a host read of a parameter), or a rebinding of one (``tensor.set_value``), counts in
+``session.touched``. A replay with no such op and no other replay since the last one is *quiet*: the results that
+replace a location's value go into the node that held it (``_Entry._reused``), with no functionalization call.
+Work between two steps that does not touch those tensors (the next batch moved to the device, a loss accumulator,
+an LR scheduler's ``fill_`` of a tensor learning rate) keeps the next replay quiet; when anything was recorded
+(``session.recorded`` changed), the pending work is run first and the buffers the program takes over are checked
+for new holders (one scan of the live tensors). More than ``session.WATCH_OPS`` ops between two steps (an
+evaluation loop) end the watch, as a touch does. Otherwise the replay takes the full path, which puts every result
+through functionalization, so views and aliases read since the last replay see it.
 
 Not replayed: the step's Python side effects (prints, counters, appends) happen in recorded calls only, as
 in ``jax.jit``; returned tensors carry no autograd history; values the step reads from other Python objects
@@ -85,9 +85,10 @@ import torch.optim.optimizer as torch_optimizer
 from lazyxla import torch_private
 from lazyxla.device import devices, processes
 from lazyxla.ir import Leaf, leaf
-from lazyxla.lazy import graph, known, rng, tensor
+from lazyxla.lazy import graph, known, rng
+from lazyxla.lazy.session import session
 from lazyxla.lazy.step_world import NUMBERS, NotCapturable, World, flatten, is_lazyxla, make_capturable, unflatten
-from lazyxla.lazy.tensor import LazyTensor, live_tensors, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, set_value, unwrap, wrap
 from lazyxla.observe import metrics
 
 _replace = torch_private.functional_replace
@@ -325,7 +326,7 @@ class _Entry:
         self._quiet = None  # _quiet_key() after the last replay
         self._made = None  # _made() after the last replay
         # per input the step rewrites: ids of the LazyTensors its location holds after the last replay (the
-        # functional value and the one ``_put`` set), watched until the next replay (``tensor.watched``)
+        # functional value and the one ``_put`` set), watched until the next replay (``session.watched``)
         self._watch: dict[int, tuple] = {}
         # the Python numbers, packed once (``ArgLayout``): the verified call's are every replay's
         self.packed = r.compiled.layout.packed_scalars(r.leaves)
@@ -405,6 +406,7 @@ class _Entry:
             leaves[i].payload = None
         metrics.inc("executions")
         metrics.inc("capture_replays")
+        session.replays += 1
         metrics.inc("device_buffers", len(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
         if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
@@ -414,10 +416,7 @@ class _Entry:
             self._watch = {}
             out = self._put(made, flat, inner, self.writes, [None] * len(self.inputs))
         self._made = _made()
-        tensor.watched.clear()
-        for ids in self._watch.values():
-            tensor.watched.update(ids)
-        tensor.watch_left[0] = tensor.WATCH_OPS
+        session.arm_watch(i for ids in self._watch.values() for i in ids)
         self._quiet = _quiet_key()
         return out
 
@@ -503,7 +502,7 @@ class _Entry:
                 lt = inner[k] if k is not None else None
                 if lt is None:
                     lt = unwrap(t)
-                lt._value = (made[j], 0)
+                set_value(lt, (made[j], 0))
                 _replace(t, lt)  # as an in-place op: views of the tensor see the new value
                 _commit(t)
                 _sync(t)  # its functionalization base takes the value now, as after a recorded step
@@ -529,22 +528,20 @@ class _Entry:
 
 
 def _quiet_key() -> tuple:
-    """What changes when an op reads or writes a tensor the last replay put in place (``tensor.touched``), or
-    another replay runs."""
-    return (tensor.touched[0], metrics.count("capture_replays"))
+    """What changes when an op reads or writes a tensor the last replay put in place (``session.touched``), or
+    another replay runs (``session.replays``)."""
+    return (session.touched, session.replays)
 
 
 def _made() -> int:
-    """How many LazyTensors were made other than fresh uploads and factory results: when it changed since the
-    last replay, something was recorded (pending work, maybe a new holder of a buffer the program takes over)."""
-    return tensor.made[0] - tensor.fresh[0]
-
-
-last_miss = [""]  # why the last replay did not happen (``capture_status`` says it)
+    """How many LazyTensors were made other than fresh uploads and factory results (``session.recorded``, counted
+    under the session's lock: a DeviceLoader's thread makes tensors too): when it changed since the last replay,
+    something was recorded (pending work, maybe a new holder of a buffer the program takes over)."""
+    return session.recorded
 
 
 def _miss(why: str):
-    last_miss[0] = why
+    session.last_miss = why
     metrics.inc("capture_input_misses")
     return MISS
 
@@ -593,7 +590,7 @@ def _lost(leaves: list, donated: tuple, error: BaseException) -> None:
     why.__cause__ = error
     for lt in live_tensors():
         if id(lt._value[0]) in gone:
-            lt._value = (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0)
+            set_value(lt, (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0))
 
 
 class StepCapture:
@@ -615,9 +612,9 @@ class StepCapture:
             if entry is not None:
                 out = entry.replay(flat)
                 if out is not MISS:
-                    graph.epoch[0] += 1
+                    session.new_epoch()
                     return out
-                self.status = f"recorded this call: {last_miss[0]}"
+                self.status = f"recorded this call: {session.last_miss}"
             else:
                 self.status = "recorded this call: its guards differ from every verified step's"
             metrics.inc("capture_guard_misses")
@@ -649,14 +646,14 @@ class StepCapture:
             torch_module.register_module_forward_pre_hook(saw_module),
             torch_optimizer.register_optimizer_step_pre_hook(saw_optimizer),
         ]
-        graph.observers.append(ran.append)
+        session.observers.append(ran.append)
         try:
             with region:
                 out = self.fn(*args, **kwargs)
         finally:
             for h in hooks:
                 h.remove()
-            graph.observers.remove(ran.append)
+            session.observers.remove(ran.append)
         world = World(list(modules.values()), list(optimizers.values()), self.fn)
         if start is not None and not world.same_as(self.world):
             start, why = None, "it called other modules or optimizers than in its previous call"

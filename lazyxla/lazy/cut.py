@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from lazyxla.ir import Leaf, rewired
+from lazyxla.lazy.tensor import set_value
 from lazyxla.ops import ops
 
 aten = torch.ops.aten
@@ -44,12 +45,14 @@ _VIEW_DEPTH = 8  # longer chains of views are computed as work is
 
 
 class Holder:
-    """Stands for one frontier value in a sync, as a tensor would: the sync rebinds ``_value`` to its result."""
+    """Stands for one frontier value in a sync, as a tensor would: the sync rebinds it to its result
+    (``tensor.retarget``, which checks the result's aval against ``_aval``)."""
 
-    __slots__ = ("_value",)
+    __slots__ = ("_value", "_aval")
 
     def __init__(self, value: tuple) -> None:
         self._value = value
+        self._aval = value[0].avals[value[1]]
 
 
 class Cut:
@@ -104,7 +107,7 @@ class Cut:
         for t in tensors:
             n, i = t._value
             if rebuilt.get(id(n), n) is not n:
-                t._value = (rebuilt[id(n)], i)
+                set_value(t, (rebuilt[id(n)], i))
 
 
 def remember(values: list[tuple]) -> dict:

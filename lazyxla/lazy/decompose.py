@@ -20,7 +20,7 @@ from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph
 from lazyxla.lazy.meta import leaves, shared_scalars
 from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
-from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lazy.tensor import LazyTensor, retarget, set_value
 from lazyxla.observe import metrics
 from lazyxla.util import warn_once
 
@@ -90,7 +90,7 @@ def out_variant(func, args, kwargs, dispatch):
                 f"lazyxla: {func} writes shape {tuple(r.shape)} into an out= tensor of shape {tuple(o.shape)}; "
                 "resizing out= tensors is not supported on lazyxla, pass an out= tensor of the right shape"
             )
-        o._value = r._value
+        set_value(o, r._value)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -98,7 +98,7 @@ def inplace(functional, args, kwargs, dispatch):
     """An in-place op below functionalization: its ``functional`` overload through ``dispatch``, then
     ``self`` rebound to the result."""
     out = dispatch(functional, args, kwargs)
-    args[0]._value = out._value
+    set_value(args[0], out._value)
     return args[0]
 
 
@@ -177,8 +177,7 @@ def foreach(func, args, kwargs, dispatch):
                     pos.append(v)
             results.append(dispatch(op, tuple(pos), kw))
     if func._schema.name.endswith("_"):
-        for t, r in zip(args[0], results):
-            t._value = r._value
+        retarget(args[0], [r._value for r in results])
         return None
     return results
 
@@ -241,7 +240,7 @@ def _write_back(func, args, kwargs, cpu_args, cpu_kwargs, back) -> None:
             continue
         lazy, cpu = (args[i], cpu_args[i]) if i < len(args) else (kwargs.get(a.name), cpu_kwargs.get(a.name))
         if isinstance(lazy, LazyTensor) and isinstance(cpu, torch.Tensor) and tuple(cpu.shape) == tuple(lazy.shape):
-            lazy._value = back(cpu)._value
+            set_value(lazy, back(cpu)._value)
 
 
 def decomposed(decomp, args, kwargs):

@@ -54,7 +54,7 @@ def dispatch_eagerly(func, args, kwargs):
     outputs and the tensor arguments it rebound (in-place updates below functionalization; batch norm's running
     statistics). Arguments it only read stay as they were: ``.to(dev)`` copies into a pending ``empty``, which
     is never computed."""
-    if getattr(_local, "inside", False):
+    if getattr(_local, "inside", False) or not config.eager:  # (not: lazy inside in this thread, config.scoped)
         return record.dispatch(func, args, kwargs)
     before = [(t, t._value) for t in leaves(args, kwargs) if type(t) is LazyTensor]
     _local.inside = True
@@ -101,6 +101,8 @@ def disabled() -> Iterator[None]:
         with eager.disabled():
             out = step(x)
     """
+    # For the whole process, not this thread only (``config.scoped``): autograd records a region's backward pass on
+    # a thread of its own, and that must be lazy too (the region is one program)
     with config.override(eager=False):
         yield
 

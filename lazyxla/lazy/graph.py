@@ -17,7 +17,8 @@ from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, rewired, wiring
 from lazyxla.lazy import pieces, rebase
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
-from lazyxla.lazy.tensor import LazyTensor, live_tensors, made
+from lazyxla.lazy.session import session
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, retarget, set_value
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
@@ -124,9 +125,8 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     made_by = f"an output of graph {report.programs[-1].graph}"  # names the buffers' origin in errors
     made = output_leaves(compiled, outputs_of(roots, compiled), outs, device, made_by)
     new = {(id(m), i): (out, 0) for (m, i), out in zip(roots, made)}
-    for t in tensors:
-        t._value = new[(id(t._value[0]), t._value[1])]
-    for observe in observers:
+    retarget(tensors, [new[(id(t._value[0]), t._value[1])] for t in tensors])
+    for observe in session.observers:
         observe(Ran(key, compiled, leaves, roots, made, device))
 
 
@@ -172,11 +172,6 @@ class Ran:
     roots: list
     made: list
     device: int
-
-
-# Called with a ``Ran`` after each program a sync runs (whole-step capture, ``lazy/capture.py``, watches the
-# programs of the steps it records). Empty unless a capture is recording.
-observers: list = []
 
 
 def _key(device: int, roots, leaves, events, donate) -> tuple:
@@ -273,7 +268,7 @@ def _failed_while_running(tensors, order, leaves, compiled, error: BaseException
     for t in tensors:
         m, i = t._value
         if id(m) in lost:
-            t._value = (leaf(Leaf.ERROR, why, m.avals[i], device), 0)
+            set_value(t, (leaf(Leaf.ERROR, why, m.avals[i], device), 0))
 
 
 def _check_same_program(roots, leaves, site: str) -> None:
@@ -420,13 +415,6 @@ def _group(tensors):
     return by_device
 
 
-_transfers_at_last_sync = [0]
-# How many syncs and host reads have run (one item, read per op): the recording between two of them is one epoch.
-# In a multi-process run host reads do not count (a read on one rank only must not change its programs).
-# lazy/positions.py tells a position that changes from step to step from the several positions of one step by it.
-epoch = [0]
-
-
 def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
     """Compile (once per graph) and run every pending lazyxla computation; returns a :class:`SyncReport`.
 
@@ -440,12 +428,12 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
         print(report)                    # graph id, cache hit or compile time, nodes, bytes donated
     """
     metrics.inc("syncs")
-    epoch[0] += 1
+    session.new_epoch()
     report = SyncReport()
     with profiler.step():
         pending = [t for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-        _left_pending.clear()
-        _quiet_at[0] = None
+        session.left_pending.clear()
+        session.quiet_at = None
         if pending:
             site = diagnostics.note_sync(reason)
             pending, derived, keep = rebase.split(pending)  # a view's base is not an output too: lazy/rebase.py
@@ -454,8 +442,8 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
             rebase.rederive(derived)
             pieces.repoint(views, bases)
     transfers = metrics.counters()["host_to_device"]
-    report.host_to_device = transfers - _transfers_at_last_sync[0]
-    _transfers_at_last_sync[0] = transfers
+    report.host_to_device = transfers - session.transfers_at_last_sync
+    session.transfers_at_last_sync = transfers
     _freeze_gc_once()
     if wait:
         wait_device_ops()
@@ -500,7 +488,7 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     alone = processes.process_count() == 1
     if alone:  # a read on one rank only (rank 0's print) must not make its positions vary and its programs differ
-        epoch[0] += 1
+        session.new_epoch()
     if not want:
         if host_read and alone:
             _read_needing_nothing(reason)
@@ -557,15 +545,6 @@ def _read_needing_nothing(reason: str) -> None:
     _compute_left_over(trigger)
 
 
-# The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
-_left_pending: dict = {}
-# ``tensor.made`` when the last host read left nothing a later read would compute (only views of device data,
-# which stay pending), else None. Until another LazyTensor is made, nothing new can be pending, so the next read
-# skips its walk over every live tensor: ``all(t)`` reads each of ``t``'s pieces, all live, and that walk per
-# read made iterating quadratic (lazy/pieces.py).
-_quiet_at: list = [None]
-
-
 def _compute_left_over(trigger: str) -> None:
     """After a host read: compute the work the previous host read had left pending too (not concatenations:
     ``lazy/special.py`` reads their last piece without them), then remember what is pending now.
@@ -574,19 +553,19 @@ def _compute_left_over(trigger: str) -> None:
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
     raise when they are read (DESIGN.md, decision 10).
     """
-    if _quiet_at[0] == made[0]:
+    if session.quiet_at == session.made:  # nothing made since a read that left nothing to compute
         return
     values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-    stale = left_over(values, _left_pending)
+    stale = left_over(values, session.left_pending)
     if stale:
         try:
             _compute(stale, False, f"{trigger} (work the previous read left pending)")
         except Exception:  # noqa: S110  (nothing ran and nothing changed: the error comes back at their read)
             pass
         values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-    _left_pending.clear()
-    _left_pending.update(remember(values))
-    _quiet_at[0] = made[0] if not left_over(values, _left_pending) else None
+    session.left_pending.clear()
+    session.left_pending.update(remember(values))
+    session.quiet_at = session.made if not left_over(values, session.left_pending) else None
 
 
 _HOST_READ_COMPUTES = ("needed", "all")

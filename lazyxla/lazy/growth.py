@@ -25,12 +25,10 @@ import warnings
 
 from lazyxla.config import config
 from lazyxla.ir import Leaf
+from lazyxla.lazy.session import session
 from lazyxla.lazy.tensor import live_tensors
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.observe.metrics import _counters
-
-# The ops_recorded count at which the recorder calls check(): math.inf once warned, or with the warning off.
-next_check: list[float] = [math.inf]
 
 
 def pending_nodes() -> int:
@@ -51,26 +49,21 @@ def pending_nodes() -> int:
     return len(seen)
 
 
-# The pending graph's size once it has reached the limit, while the warning waits for an op recorded from a user's
-# line: autograd records the backward pass on a thread of its own, where no frame is the user's.
-_reached = [0]
-
-
 def check(recorded: int) -> None:
-    """Called by the recorder when ``recorded`` (``ops_recorded``) reaches ``next_check[0]``: warn if the
-    pending graph has reached ``config.warn_graph_nodes`` nodes, else set the next count to look again."""
+    """Called by the recorder when ``recorded`` (``ops_recorded``) reaches ``session.next_growth_check``: warn if
+    the pending graph has reached ``config.warn_graph_nodes`` nodes, else set the next count to look again."""
     limit = config.warn_graph_nodes
-    size = _reached[0] or pending_nodes()
+    size = session.growth_reached or pending_nodes()
     if size < limit:
         # the graph grows by one node per op at most, so it cannot reach the limit before limit - size more ops;
         # a floor of limit / 8 keeps a graph that stays just below the limit from being walked every few ops
-        next_check[0] = recorded + max(limit - size, limit // 8, 1)
+        session.next_growth_check = recorded + max(limit - size, limit // 8, 1)
         return
     level = diagnostics.user_stacklevel()
     if level is None:  # warn at the next op a user's line records (the optimizer step after a backward)
-        _reached[0], next_check[0] = size, recorded + 1
+        session.growth_reached, session.next_growth_check = size, recorded + 1
         return
-    _reached[0], next_check[0] = 0, math.inf
+    session.growth_reached, session.next_growth_check = 0, math.inf
     warnings.warn(
         f"lazyxla: the pending graph has reached {size} nodes (ops recorded and not yet computed): nothing has "
         "synced them, so the graph grows with every step and each step's program would hold all earlier "
@@ -85,8 +78,8 @@ def check(recorded: int) -> None:
 
 def _reset(limit: int) -> None:
     # config.watch: a new threshold counts from now (0 turns the check off)
-    _reached[0] = 0
-    next_check[0] = _counters["ops_recorded"] + limit if limit > 0 else math.inf
+    session.growth_reached = 0
+    session.next_growth_check = _counters["ops_recorded"] + limit if limit > 0 else math.inf
 
 
 config.watch("warn_graph_nodes", _reset)

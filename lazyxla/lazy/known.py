@@ -35,14 +35,12 @@ import torch
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.ir import Aval, Leaf, Node, leaf
-from lazyxla.lazy import tensor
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import diagnostics, metrics
 
 aten = torch.ops.aten
 
 DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-_values = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
 # Ops whose output depends on their tensor input's shape and dtype only: a tensor that holds no known value
 # (``torch.zeros`` is ``empty`` then ``zero_``) still gives a known result.
@@ -100,7 +98,7 @@ def host_value(t) -> torch.Tensor | None:
 
 def knowable(t: torch.Tensor) -> bool:
     """Whether a CPU tensor's value may be kept beside its device copy: an integer or bool dtype, small."""
-    return t.dtype in DTYPES and t.numel() <= _values["known_values_limit"]
+    return t.dtype in DTYPES and t.numel() <= config.known_values_limit
 
 
 def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
@@ -115,8 +113,7 @@ def upload(t: torch.Tensor, device: int, source: str) -> LazyTensor:
     else:
         n = leaf(Leaf.DATA, _to_device(t, device), aval, device)
     n.source = source
-    tensor.fresh[0] += 1
-    return LazyTensor((n, 0), aval)
+    return LazyTensor((n, 0), aval, fresh=True)
 
 
 def _to_device(t: torch.Tensor, device: int):
@@ -258,7 +255,7 @@ def fold(func, args, kwargs):
     """
     if args and type(args[0]) is LazyTensor and args[0]._value[0].host is None and func not in _SHAPE_ONLY:
         return NOT_FOLDED  # the common case, decided at once: an input the host does not know
-    limit = _values["known_values_limit"]
+    limit = config.known_values_limit
     if not limit:
         return NOT_FOLDED
     ok = _FOLDABLE.get(id(func))

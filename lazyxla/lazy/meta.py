@@ -11,6 +11,7 @@ fast path, which skips all three. Which ops get here is decided by ``lazy.record
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 
 import torch
@@ -20,13 +21,12 @@ from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.ir import Aval, In, Leaf, canonical, leaf, node, op_hash, slot
 from lazyxla.lazy import check, growth, rng
+from lazyxla.lazy.session import session as _session  # (read per op: the growth check's next count)
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.observe.metrics import _counters
-
-_next_growth_check = growth.next_check
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
@@ -144,7 +144,9 @@ def int_range(v: int) -> tuple:
 # graph input however many ops it feeds, not one per tensor: every input costs the program a slice and a
 # reshape (the GPT benchmark's step had 343 of them, 240 repeating 5 numbers). Which numbers share an input is the
 # caller's choice (lazy.decompose.foreach: each non-list argument, and the equal numbers of a list).
-_shared: list[dict | None] = [None]  # id(number) -> (number, its leaf); None outside ``shared_scalars``
+# id(number) -> (number, its leaf); None outside ``shared_scalars`` (a ContextVar: it holds in this thread only, while
+# autograd's thread or a loader's records its own ops)
+_shared: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lazyxla_shared_scalars", default=None)
 
 
 @contextlib.contextmanager
@@ -157,17 +159,16 @@ def shared_scalars(numbers):
         with shared_scalars([eps]):                 # lazy.decompose.foreach: one input for eps, not one per tensor
             outs = [dispatch(aten.add.Scalar, (t, eps), {}) for t in tensors]
     """
-    outer = _shared[0]
-    _shared[0] = {id(x): (x, None) for x in numbers if type(x) is float or type(x) is int}
+    token = _shared.set({id(x): (x, None) for x in numbers if type(x) is float or type(x) is int})
     try:
         yield
     finally:
-        _shared[0] = outer
+        _shared.reset(token)
 
 
 def _scalar_leaf(x, aval: Aval):
     """The graph input for Python number ``x``: a new leaf, or the one ``x`` shares (``shared_scalars``)."""
-    shared = _shared[0]
+    shared = _shared.get()
     if shared is None or id(x) not in shared:
         return leaf(Leaf.SCALAR, x, aval, -1)
     obj, made = shared[id(x)]
@@ -556,22 +557,22 @@ def _no_python_dispatch():
     return torch_private.disable_torch_dispatch()
 
 
-def _build(spec, n, requires_grad=False):
+def _build(spec, n, fresh=False):
     if type(spec) is int:
-        return LazyTensor((n, spec), n.avals[spec])
+        return LazyTensor((n, spec), n.avals[spec], fresh=fresh)
     if spec[0] == "const":
         return spec[1]
-    return spec[0](_build(s, n) for s in spec[1])
+    return spec[0](_build(s, n, fresh) for s in spec[1])
 
 
-def _record_general(func, args, kwargs):
+def _record_general(func, args, kwargs, fresh=False):
     """Record ``func``; returns the outputs and, for the fast path's cache, how it was recorded."""
     template, flat = _flatten(func, args, kwargs)
     ckey = canonical(template)
     spec, avals = _infer(func, template, ckey, flat, args, kwargs)
     base = op_hash(func, _with_default_dtype(ckey), flat.device)
     random = RULES[func].random
-    out = _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base, random)
+    out = _finish(func, tuple(flat.inputs), template, avals, spec, flat.device, base, random, fresh)
     return out, (template, base, spec, avals, random)
 
 
@@ -583,18 +584,18 @@ def _with_default_dtype(ckey):
     return ckey if default is torch.float32 else (ckey, str(default))
 
 
-def _finish(func, inputs, template, avals, spec, device, base, random):
+def _finish(func, inputs, template, avals, spec, device, base, random, fresh=False):
     if random:
         inputs += ((rng.next_key_leaf(device), 0),)
     n = node(func, inputs, template, avals, device, base)
     if _flags["explain_recompiles"]:
         diagnostics.note_recorded(n)
     recorded = _counters["ops_recorded"] = _counters["ops_recorded"] + 1
-    if recorded >= _next_growth_check[0]:  # rarely true: a look at the pending graph's size (lazy/growth.py)
+    if recorded >= _session.next_growth_check:  # rarely true: a look at the pending graph's size (lazy/growth.py)
         growth.check(recorded)
     if type(spec) is int:
-        return LazyTensor((n, spec), avals[spec])
-    return _build(spec, n)
+        return LazyTensor((n, spec), avals[spec], fresh=fresh)
+    return _build(spec, n, fresh)
 
 
 # ---- the fast path: calls whose arguments are lazyxla tensors and plain constants ----
@@ -686,10 +687,11 @@ def _scalars_of(func) -> tuple:
     return scalars
 
 
-def record(func, args, kwargs, scalars=None):
+def record(func, args, kwargs, scalars=None, fresh=False):
     """Record ``func`` applied to ``args``/``kwargs`` as a new node; returns its LazyTensor output(s).
 
-    ``scalars`` is ``scalar_args(func)`` where the caller has it at hand (dispatch's route).
+    ``scalars`` is ``scalar_args(func)`` where the caller has it at hand (dispatch's route). ``fresh``: the op reads
+    no existing value (``torch.empty``): its outputs are made ``LazyTensor(..., fresh=True)``.
     """
     scalars = scalars or _scalars.get(id(func)) or _scalars_of(func)
     found = _signature(func, args, kwargs, *scalars)
@@ -698,8 +700,8 @@ def record(func, args, kwargs, scalars=None):
         entry = _fast.get(sig)
         if entry is not None:
             template, base, spec, avals, random = entry
-            return _finish(func, inputs, template, avals, spec, device, base, random)
-    out, entry = _record_general(func, args, kwargs)
+            return _finish(func, inputs, template, avals, spec, device, base, random, fresh)
+    out, entry = _record_general(func, args, kwargs, fresh)
     if found is not None:
         if len(_fast) >= _FAST_LIMIT:  # shapes that keep changing: start over rather than grow forever
             _fast.clear()

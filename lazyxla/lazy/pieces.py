@@ -31,7 +31,7 @@ import torch
 from lazyxla.ir import Leaf, Node, rewired
 from lazyxla.lazy.cut import Holder
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lazy.tensor import LazyTensor, set_value
 from lazyxla.ops import ops
 
 aten = torch.ops.aten
@@ -107,4 +107,4 @@ def repoint(pieces: list, holders: dict) -> None:
         b, i = n.inputs[0]
         value = done.get((id(b), i))
         if value is not None:
-            t._value = (rewired(n, (value, *n.inputs[1:])), k)
+            set_value(t, (rewired(n, (value, *n.inputs[1:])), k))

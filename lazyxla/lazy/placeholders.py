@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lazyxla.ir import Aval, Leaf, leaf
-from lazyxla.lazy.tensor import LazyTensor, live_tensors
+from lazyxla.lazy.tensor import LazyTensor, live_tensors, set_value
 
 
 class Placeholder(RuntimeError):
@@ -47,7 +47,7 @@ def disarm(placeholders: set[int] | dict[int, int]) -> None:
     for t in live_tensors():
         n, i = t._value
         if type(n.op) is not Leaf and reaches(n, lambda m: target(id(m)), memo):
-            t._value = (leaf(Leaf.ERROR, Placeholder(), n.avals[i], n.device), 0)
+            set_value(t, (leaf(Leaf.ERROR, Placeholder(), n.avals[i], n.device), 0))
 
 
 def reaches(root, is_target: Callable, memo: dict[int, bool]) -> bool:

@@ -9,7 +9,7 @@ position at every token (Hugging Face's beam search: ``running_beam_indices[...,
 
 So each such call is keyed by what stays when only the position changes (the op, its tensors' avals, the dim;
 the output's size is in the avals), and the key remembers the positions it took in its first epoch (the
-recording between two syncs or host reads, ``graph.epoch``; in a multi-process run only syncs, so that a read on
+recording between two syncs or host reads, ``session.epoch``; in a multi-process run only syncs, so that a read on
 one rank only cannot make its programs differ from the others'). Those stay constants; any other position records
 the ``lazyxla.dynamic_*`` op of the same meaning (``lazyxla/ops.py``), which takes the position as a program
 input (``lax.dynamic_slice`` and its kin). A loop whose position moves after each read compiles its first
@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 
 from lazyxla.config import config
-from lazyxla.lazy import graph
 from lazyxla.lazy.meta import record
+from lazyxla.lazy.session import session
 from lazyxla.lowering.rules.view import slice_bounds
 from lazyxla.ops import ops
 
@@ -47,7 +47,6 @@ aten = torch.ops.aten
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 # Each key's first element: which call it is (ints, not the ops: hashing an OpOverload runs Python code)
 _SELECT, _SLICE, _SELECT_SCATTER, _SLICE_SCATTER = range(4)
-_seen: dict = {}  # key -> (the epoch it was first used in, the positions it took then)
 _LIMIT = 100_000
 
 
@@ -58,12 +57,13 @@ def _varies(key: tuple, position: int, moving: bool) -> bool:
     that moves with a length (a read through a slice, ``lazy/special.py``) is an input from the start."""
     if not _flags["dynamic_positions"]:
         return False
-    state = _seen.get(key)
-    now = graph.epoch[0]
+    seen = session.positions  # key -> (the epoch it was first used in, the positions it took then)
+    state = seen.get(key)
+    now = session.epoch
     if state is None:
-        if len(_seen) >= _LIMIT:  # keys that keep changing (shapes): start over rather than grow forever
-            _seen.clear()
-        _seen[key] = (-1, set()) if moving else (now, {position})
+        if len(seen) >= _LIMIT:  # keys that keep changing (shapes): start over rather than grow forever
+            seen.clear()
+        seen[key] = (-1, set()) if moving else (now, {position})
         return moving
     if moving:
         return True
@@ -78,7 +78,7 @@ def _varies(key: tuple, position: int, moving: bool) -> bool:
 
 def forget() -> None:
     """Forget every position seen: from now on each call starts as new (a test's clean slate)."""
-    _seen.clear()
+    session.positions.clear()
 
 
 def _dim(x, dim) -> int | None:

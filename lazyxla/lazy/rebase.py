@@ -28,7 +28,7 @@ import torch
 
 from lazyxla.ir import Leaf
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.tensor import LazyTensor
+from lazyxla.lazy.tensor import LazyTensor, retarget
 
 aten = torch.ops.aten
 # Views whose result holds every element of their input once, in another order or shape.
@@ -102,5 +102,4 @@ def rederive(derived: list[tuple]) -> None:
     """After the run: each left-out base becomes the inverse view of its view's (now computed) value."""
     for bases, view, node in derived:
         value = _inverse(node, LazyTensor(view._value, view._aval), tuple(bases[0].shape))._value
-        for b in bases:
-            b._value = value
+        retarget(bases, [value] * len(bases))

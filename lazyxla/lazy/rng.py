@@ -10,27 +10,28 @@ import numpy as np
 import torch
 
 from lazyxla.ir import Aval, Leaf, leaf
+from lazyxla.lazy.session import session
 
-_state = {"seed": 0, "counter": 0}
 _KEY_AVAL = None
 
 
 def manual_seed(seed: int) -> None:
-    _state["seed"] = int(seed) & 0xFFFFFFFFFFFFFFFF
-    _state["counter"] = 0
+    """Start the stream of ``seed`` (its state lives in the session: ``session.seed``, ``session.draws``)."""
+    session.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    session.draws = 0
 
 
 def get_state() -> tuple[int, int]:
-    return _state["seed"], _state["counter"]
+    return session.seed, session.draws
 
 
 def set_state(state: tuple[int, int]) -> None:
-    _state["seed"], _state["counter"] = int(state[0]), int(state[1])
+    session.seed, session.draws = int(state[0]), int(state[1])
 
 
 def next_key_leaf(device: int):
-    counter = _state["counter"]
-    _state["counter"] = counter + 1
+    counter = session.draws
+    session.draws = counter + 1
     return key_leaf(counter, device)
 
 
@@ -40,7 +41,7 @@ def key_leaf(counter: int, device: int):
     global _KEY_AVAL
     if _KEY_AVAL is None:
         _KEY_AVAL = Aval((2,), torch.uint32)
-    seed = _state["seed"]
+    seed = session.seed
     mixed = (seed ^ (seed >> 32)) & 0xFFFFFFFF
     data = np.array([mixed, counter & 0xFFFFFFFF], dtype=np.uint32)
     return leaf(Leaf.RNG, data, _KEY_AVAL, device)
@@ -48,4 +49,4 @@ def key_leaf(counter: int, device: int):
 
 def advance(n: int) -> None:
     """Skip ``n`` keys of the stream, as ``n`` random ops recorded would."""
-    _state["counter"] += n
+    session.draws += n

@@ -24,7 +24,7 @@ from lazyxla.device import devices
 from lazyxla.ir import Leaf, raise_if_error
 from lazyxla.lazy import graph, known, pieces, positions
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
+from lazyxla.lazy.tensor import LazyTensor, retarget, set_value, unwrap, wrap
 from lazyxla.lowering.rules.view import slice_bounds
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.ops import ops
@@ -220,7 +220,7 @@ def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, mom
     # decomposition). Record the functional variant and rebind the statistics.
     args = (x, w, b, running_mean, running_var, training, momentum, eps)
     out = record(aten._native_batch_norm_legit_functional.default, args, {})
-    running_mean._value, running_var._value = out[3]._value, out[4]._value
+    retarget((running_mean, running_var), (out[3]._value, out[4]._value))
     return out[:3]
 
 
@@ -618,7 +618,7 @@ def refilled():
     if _refills.depth == 0:  # only after a load that returned: a failed one's tensors are not handed out
         pending, _refills.pending = _refills.pending, []
         for lt, host in pending:
-            lt._value = cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), lt._value[0].device)._value
+            set_value(lt, cpu_to_lazy(host.clone(memory_format=torch.contiguous_format), lt._value[0].device)._value)
 
 
 def _compatible_shallow_copy_type(self, from_) -> bool:

@@ -6,6 +6,7 @@ Users never see it directly: every lazyxla tensor they hold is a functionalizati
 
 from __future__ import annotations
 
+import contextvars
 import weakref
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.device.devices import torch_device
 from lazyxla.ir import Aval, Leaf
+from lazyxla.lazy.session import session
 
 # per op: bound once (a global lookup instead of an attribute chain)
 _make_wrapper_subclass = torch_private.make_wrapper_subclass
@@ -23,26 +25,12 @@ _functional_sync = torch_private.functional_sync
 _inference_enabled = torch.is_inference_mode_enabled
 _inference_mode = torch_private.InferenceMode
 
-# Every LazyTensor made since the last scan, as weak references in creation order: sync() finds
-# pending work among the live ones, and donation asks which device buffers a tensor still holds.
-# (A list of weakrefs costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans.)
-_live: list = []
-# How many LazyTensors were ever made (one item, read by a replayed step: when none but ``fresh`` ones was made
-# since its last replay, nothing was recorded that could read or hold the buffers it takes over; lazy/capture.py)
-made = [0]
-# How many of those were fresh device data or factory results (an upload's, ``torch.empty``'s), made from no
-# existing value: they cannot hold or read a replay's buffers (``capture._made`` subtracts them, so that moving
-# the next batch to the device between two replays asks for no sync and no scan of the live tensors)
-fresh = [0]
-# ids of the LazyTensors a captured step's next quiet replay changes in place (lazy/capture.py arms it after each
-# replay); the first op that reads or writes one of them counts in ``touched`` and disarms it. Empty otherwise, so
-# an op costs one truth test of an empty set. Armed, each op scans its arguments: after ``WATCH_OPS`` ops (other
-# lazy work between two steps, an evaluation loop) the watch gives up, counting a touch, so that work does not
-# pay the scan for long (the next replay then takes its full path).
-watched: set = set()
-touched = [0]
-WATCH_OPS = 256
-watch_left = [0]
+# The session's state, bound once: read per op and per LazyTensor made (the set and list are never replaced, only
+# changed in place; see lazy/session.py for what each holds and the thread policy)
+_session = session
+_lock = session.lock
+_live = session.live
+_watched = session.watched
 
 
 class LazyTensor(torch.Tensor):
@@ -51,23 +39,29 @@ class LazyTensor(torch.Tensor):
     _piece = False  # a piece of a wide unbind (iterating a tensor): syncs and host reads differ (lazy/pieces.py)
 
     @staticmethod
-    def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False):
+    def __new__(cls, value: tuple, aval: Aval, requires_grad: bool = False, fresh: bool = False):
+        """``fresh``: ``value`` is new device data or a factory's result (an upload, ``torch.empty``), made from no
+        existing value, so it cannot read or hold a replayed step's buffers (``Session.recorded`` does not count it).
+        """
         device = torch_device(value[0].device)
-        if making_views[0] and _inference_enabled():
+        if _inference_enabled() and _making_views.get():
             t = _normal_tensor(cls, aval, device, requires_grad)
         else:
             t = _make_wrapper_subclass(cls, aval.shape, dtype=aval.dtype, device=device, requires_grad=requires_grad)
         t._value = value
         t._aval = aval
         _live.append(weakref.ref(t))
-        made[0] += 1
+        with _lock:  # another thread (a DeviceLoader's) makes LazyTensors too: no increment may be lost
+            _session.made += 1
+            if not fresh:
+                _session.recorded += 1
         return t
 
     __torch_function__ = torch_private.disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if watched:
+        if _watched:
             _watch(args, kwargs)
         if _inference_enabled() and _is_view_copy(func):
             return _dispatch_view(func, args, kwargs or {})
@@ -92,7 +86,8 @@ class LazyTensor(torch.Tensor):
 # LazyTensor, and an in-place op under inference mode gives a normal tensor an inference-made inner). The one
 # difference from CPU: a view of an inference tensor is a normal tensor (``torch.is_inference`` False) that in-place
 # ops outside inference mode accept. Every other op's results are inference tensors under inference mode, as on CPU.
-making_views = [False]  # inside a view op's dispatch under inference mode: LazyTensor.__new__ makes normal tensors
+# inside a view op's dispatch under inference mode: LazyTensor.__new__ makes normal tensors (in this thread only)
+_making_views: contextvars.ContextVar[bool] = contextvars.ContextVar("lazyxla_making_views", default=False)
 _view_copies: dict = {}  # op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen
 
 
@@ -105,11 +100,11 @@ def _is_view_copy(func) -> bool:
 
 def _dispatch_view(func, args, kwargs):
     """Run the view op ``func`` under inference mode, its results made as normal tensors."""
-    outer, making_views[0] = making_views[0], True
+    token = _making_views.set(True)
     try:
         return _dispatch(func, args, kwargs)
     finally:
-        making_views[0] = outer
+        _making_views.reset(token)
 
 
 def _normal_tensor(cls, aval: Aval, device: torch.device, requires_grad: bool) -> LazyTensor:
@@ -120,11 +115,11 @@ def _normal_tensor(cls, aval: Aval, device: torch.device, requires_grad: bool) -
 
 def _watch(args, kwargs) -> None:
     """Count an op on a watched LazyTensor (an argument, or one in a list argument) and disarm the watch."""
-    watch_left[0] -= 1
-    if watch_left[0] <= 0:
-        touched[0] += 1
-        watched.clear()
+    _session.watch_left -= 1  # (a lost decrement only delays the give-up by an op)
+    if _session.watch_left <= 0:
+        _session.touch()
         return
+    watched = _watched
     for group in (args, (kwargs or {}).values()):
         for a in group:
             if type(a) in (list, tuple):
@@ -132,8 +127,7 @@ def _watch(args, kwargs) -> None:
                     continue
             elif id(a) not in watched:
                 continue
-            touched[0] += 1
-            watched.clear()
+            _session.touch()
             return
 
 
@@ -177,7 +171,7 @@ def dispatch_op(func, args, kwargs):
 
         out = dispatch_op(torch.ops.aten.randn.default, ([2, 3],), {"device": dev})
     """
-    if watched:
+    if _watched:
         _watch(args, kwargs)
     return _dispatch(func, args, kwargs)
 
@@ -197,7 +191,7 @@ def rebind(t: torch.Tensor, lt: LazyTensor, value: tuple) -> None:
         rebind(t, unwrap(t), (node, 0))
     """
     if t is lt:
-        lt._value = value
+        set_value(lt, value)
     else:
         torch_private.replace_inner(t, LazyTensor(value, lt._aval))
 
@@ -212,3 +206,33 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
         if isinstance(inner, LazyTensor):
             return inner
     raise TypeError(f"expected a lazyxla tensor, got a tensor on {t.device} of type {type(t).__name__}")
+
+
+def set_value(lt: LazyTensor, value: tuple) -> None:
+    """Make the LazyTensor ``lt`` hold the IR ``value`` ``(node, output index)``: the one way a tensor is rebound
+    (a sync's results, a failure's error leaves, a cut, a rebased view, a replayed step's results, placeholders,
+    decompositions, kernels), so the checks live here: ``value`` must be of ``lt``'s shape and dtype (a mismatch is
+    lazyxla's bug, raised here rather than as a wrong program later), and a tensor that whole-step capture watches
+    counts as touched (its next replay then checks every holder of the buffers it takes over: lazy/capture.py).
+
+    Example::
+
+        set_value(lt, (node, 0))
+    """
+    aval = value[0].avals[value[1]]
+    if aval != lt._aval and (aval.shape != lt._aval.shape or aval.dtype != lt._aval.dtype):
+        raise AssertionError(f"lazyxla internal error: a {lt._aval} tensor rebound to a value of {aval}")
+    if _watched and id(lt) in _watched:
+        _session.touch()
+    lt._value = value
+
+
+def retarget(tensors, values) -> None:
+    """``set_value`` for each of ``tensors`` and its value in ``values`` (two sequences of the same length).
+
+    Example::
+
+        retarget(pending, [new[(id(t._value[0]), t._value[1])] for t in pending])
+    """
+    for lt, value in zip(tensors, values, strict=True):
+        set_value(lt, value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import time
 from collections.abc import Iterator
 
@@ -50,26 +51,29 @@ def set_annotations(on: bool) -> None:
     _annotate[0] = on
 
 
-_prefix = [""]  # prepended to every timer's name (eager mode's per-op programs: "eager_")
+# prepended to every timer's name (eager mode's per-op programs: "eager_"); a ContextVar, so that eager mode's prefix
+# holds in the thread that runs the op only (a DeviceLoader's uploads on its own thread time as ``transfer``)
+_prefix: contextvars.ContextVar[str] = contextvars.ContextVar("lazyxla_timer_prefix", default="")
 
 
 @contextlib.contextmanager
 def timer_prefix(prefix: str) -> Iterator[None]:
     """Inside: every timer's samples go to ``prefix + name`` (eager mode's programs time as ``eager_compile``,
     ``eager_execute``, ..., apart from the steps' ``compile`` and ``execute``)."""
-    saved, _prefix[0] = _prefix[0], prefix
+    token = _prefix.set(prefix)
     try:
         yield
     finally:
-        _prefix[0] = saved
+        _prefix.reset(token)
 
 
 @contextlib.contextmanager
 def timer(name: str, also: str | None = None) -> Iterator[None]:
     """Time the block under ``name`` (and, if given, under ``also`` too: a finer name for the same span, e.g.
     a transfer's direction, without a second profile span)."""
-    name = _prefix[0] + name
-    also = None if also is None else _prefix[0] + also
+    prefix = _prefix.get()
+    name = prefix + name
+    also = None if also is None else prefix + also
     span = _span(name) if _annotate[0] else contextlib.nullcontext()
     with span:
         start = time.perf_counter()
@@ -87,12 +91,12 @@ def transfer(direction: str, nbytes: int) -> Iterator[None]:
     """Time a copy of ``nbytes`` between the host and the devices (``direction``: ``to_device`` or
     ``from_device``) under ``transfer`` and ``transfer_<direction>``, and record its size as one sample of
     ``bytes_<direction>`` (:func:`sizes`). Never under eager mode's prefix: a copy is the same copy there."""
-    saved, _prefix[0] = _prefix[0], ""
+    token = _prefix.set("")
     try:
         with timer("transfer", also="transfer_" + direction):
             yield
     finally:
-        _prefix[0] = saved
+        _prefix.reset(token)
     transferred(direction, nbytes)
 
 
