@@ -8,21 +8,17 @@ import math
 import os
 import time
 
-import torch
-
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, rewired, wiring
-from lazyxla.lazy import pieces, rebase
+from lazyxla.lazy import pieces, rebase, views
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, made
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
-
-aten_cat = torch.ops.aten.cat.default
 
 
 def _walk(roots):
@@ -606,7 +602,7 @@ def _all_pending_but_concatenations() -> list[tuple]:
     want, stack = [], [t._value for t in live_tensors()]
     while stack:
         n, i = stack.pop()
-        if n.op is aten_cat:
+        if views.is_concatenation(n.op):
             stack.extend(n.inputs)
         elif n.op.__class__ is not Leaf and not holds_no_work(n):
             want.append((n, i))
