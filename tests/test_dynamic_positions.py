@@ -1,5 +1,5 @@
 """Positions that change from step to step are program inputs (``lazy/positions.py``); reads through pending
-slices and reshapes take only what they read (``lazy/special.py``).
+slices and reshapes take only what they read (``lazy/view_reads.py``).
 
 A loop that selects, slices or writes at a Python int position that changes after every host read compiles the
 first position's program and one that takes the position as an input, then nothing, and computes what CPU eager

@@ -105,7 +105,7 @@ def holds_no_work(n) -> bool:
 
     Such a value costs nothing to leave pending, and computing it alone would be a program of its own whose
     output shape is often the one that changes (beam search's ``running[:, :, :cur_len]``, read through by
-    ``lazy/special.py``), so host reads leave it pending.
+    ``lazy/view_reads.py``), so host reads leave it pending.
 
     Example: ``holds_no_work(unwrap(data[:, :n].reshape(-1))._value[0])`` is True for computed ``data``.
     """

@@ -564,7 +564,7 @@ _quiet_at: list = [None]
 
 def _compute_left_over(trigger: str) -> None:
     """After a host read: compute the work the previous host read had left pending too (not concatenations:
-    ``lazy/special.py`` reads their last piece without them), then remember what is pending now.
+    ``lazy/view_reads.py`` reads their last piece without them), then remember what is pending now.
 
     It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
@@ -597,8 +597,8 @@ def _computes_all() -> bool:
 
 def _all_pending_but_concatenations() -> list[tuple]:
     """The values of every pending live tensor, where a pending ``cat`` stands for its pending pieces: the
-    concatenation stays pending (``lazy/special.py`` reads its last piece without it), and so do views of device
-    data (``cut.holds_no_work``: ``lazy/special.py`` reads through them)."""
+    concatenation stays pending (``lazy/view_reads.py`` reads its last piece without it), and so do views of device
+    data (``cut.holds_no_work``: ``lazy/view_reads.py`` reads through them)."""
     want, stack = [], [t._value for t in live_tensors()]
     while stack:
         n, i = stack.pop()
