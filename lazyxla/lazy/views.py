@@ -36,8 +36,10 @@ SLICE = "slice"  # a range along one dim
 SELECT = "select"  # one index along one dim (the dim dropped)
 CONCAT = "concat"  # pieces joined along one dim: not a view of one value, but each piece is read through it
 
-# op -> kind. Ops not here (expand, diagonal, as_strided, unfold, narrow's strided cousins) are work to every
-# mechanism: none of them can be inverted, read through or left pending for free.
+# op -> kind. Ops not here (expand, diagonal, as_strided, unfold) are work to every mechanism: none of them can be
+# inverted, read through or left pending for free. Nor are the non-copy forms (aten.view, aten.squeeze, ...) and
+# _reshape_alias_copy, which have lowering rules but reach a graph only from lazyxla's own records (a margin loss's
+# 0-d view, lazy/special.py) or traced graphs: no mechanism was ever asked to look through them.
 TABLE = {
     aten.view_copy.default: RESHAPE,  # .view, .reshape and .flatten of a contiguous value, aten.alias
     aten._unsafe_view.default: RESHAPE,  # .reshape of a value that needed a copy first
