@@ -1,5 +1,5 @@
 """Positions that change from step to step are program inputs (``lazy/positions.py``); reads through pending
-slices and reshapes take only what they read (``lazy/special.py``).
+slices and reshapes take only what they read (``lazy/view_reads.py``).
 
 A loop that selects, slices or writes at a Python int position that changes after every host read compiles the
 first position's program and one that takes the position as an input, then nothing, and computes what CPU eager
@@ -176,6 +176,45 @@ def test_reads_through_a_growing_slice_take_only_what_they_read(dev):
             last = prefix[:, -1:]  # read through the reshape and the slice
             new = (last * 0.5 + prefix[:, -1].view(6, 1)).view(2, 3)  # a select too
             running[:, :, n] = new
+            assert float(new.sum()) == float(new.sum())  # a host read: computes the step's work
+            running.sum().item()  # another read, which leaves the prefix pending
+            if counts is not None:
+                counts.append(_compiles() - before)
+        return running.cpu(), prefix.cpu()
+
+    counts: list = []
+    want = run("cpu")
+    got = run(dev, counts)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counts[2:] == [0] * 5, counts
+
+
+# How a loop keeps its growing prefix: running's shape, the prefix of length n, and whether the step reads through it.
+PREFIXES = {
+    "unsqueeze": ((6, 12), lambda r, n: r[:, :n].unsqueeze(0), True),
+    "squeeze_dim": ((6, 1, 12), lambda r, n: r[:, :, :n].squeeze(1), True),
+    "squeeze_all": ((6, 1, 12), lambda r, n: r[:, :, :n].squeeze(), True),
+    "squeeze_all_kept_only": ((6, 1, 12), lambda r, n: r[:, :, :n].squeeze(), False),
+}
+
+
+@pytest.mark.parametrize("form", list(PREFIXES))
+def test_reads_through_squeezes_of_a_growing_slice_take_only_what_they_read(dev, form):
+    """As above, with the prefix squeezed or unsqueezed (``lazy/views.py``: reshapes all). Before one table of
+    views, reads did not pass through ``unsqueeze``/``squeeze`` and host reads computed a pending ``squeeze()`` of
+    device data: a program of a new shape every step. ``kept_only``: the step reads ``running`` itself."""
+    shape, view, through = PREFIXES[form]
+
+    def run(device, counts=None):
+        running = torch.zeros(shape, device=device)
+        running[..., :4] = torch.arange(24.0, device=device).view(*shape[:-1], 4)
+        prefix = None
+        for n in range(4, 11):
+            before = _compiles()
+            prefix = view(running, n)  # kept alive
+            source = prefix if through else running[..., :n]
+            new = source[..., -1:] * 0.5 + source[..., -1].unsqueeze(-1)  # a slice and a select from the end
+            running[..., n] = new.reshape(running[..., n].shape)
             assert float(new.sum()) == float(new.sum())  # a host read: computes the step's work
             running.sum().item()  # another read, which leaves the prefix pending
             if counts is not None:

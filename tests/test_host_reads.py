@@ -3,7 +3,7 @@
 A host read (``.item()``, ``.cpu()``) computes only what it needs and the live tensors computed on the way.
 Pending tensors that build on that work (a position advanced after use, a sequence grown by ``torch.cat``)
 are cut there: their graphs start from its results (``lazy/cut.py``), so no read's program holds the steps
-before it. Slices and indexes within one piece of a pending ``cat`` read that piece (``lazy/special.py``), so a
+before it. Slices and indexes within one piece of a pending ``cat`` read that piece (``lazy/view_reads.py``), so a
 program that needs the last token of a growing sequence does not take the sequence. With
 ``config.host_read_computes = "all"`` a read computes every pending tensor but concatenations.
 """

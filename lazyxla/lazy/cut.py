@@ -16,31 +16,10 @@ from __future__ import annotations
 
 import weakref
 
-import torch
-
 from lazyxla.ir import Leaf, rewired
+from lazyxla.lazy import views
 from lazyxla.lazy.tensor import set_value
-from lazyxla.ops import ops
 
-aten = torch.ops.aten
-_CAT = aten.cat.default
-# Ops that only move or view values: a pending graph of these over device data holds no work (their ids: hashing
-# an OpOverload runs Python code).
-_VIEWS = frozenset(
-    id(op)
-    for op in (
-        aten.slice_copy.Tensor,
-        aten.select_copy.int,
-        aten.view_copy.default,
-        aten._unsafe_view.default,
-        aten._reshape_copy.default,
-        aten.unsqueeze_copy.default,
-        aten.squeeze_copy.dim,
-        aten.squeeze_copy.dims,
-        ops.dynamic_slice.default,
-        ops.dynamic_select.default,
-    )
-)
 _VIEW_DEPTH = 8  # longer chains of views are computed as work is
 
 
@@ -124,11 +103,12 @@ def remember(values: list[tuple]) -> dict:
 
 
 def holds_no_work(n) -> bool:
-    """Whether the pending node ``n`` only views device data: a few slices, selects and reshapes over leaves.
+    """Whether the pending node ``n`` only views device data: a few slices, selects and reshapes over leaves
+    (``views.holds_no_work``).
 
     Such a value costs nothing to leave pending, and computing it alone would be a program of its own whose
     output shape is often the one that changes (beam search's ``running[:, :, :cur_len]``, read through by
-    ``lazy/special.py``), so host reads leave it pending.
+    ``lazy/view_reads.py``), so host reads leave it pending.
 
     Example: ``holds_no_work(unwrap(data[:, :n].reshape(-1))._value[0])`` is True for computed ``data``.
     """
@@ -137,7 +117,7 @@ def holds_no_work(n) -> bool:
         m, depth = stack.pop()
         if m.op.__class__ is Leaf:
             continue
-        if id(m.op) not in _VIEWS or depth >= _VIEW_DEPTH:
+        if not views.holds_no_work(m.op) or depth >= _VIEW_DEPTH:
             return False
         stack.extend((k, depth + 1) for k, _ in m.inputs)
     return True
@@ -154,7 +134,7 @@ def left_over(values: list[tuple], earlier: dict) -> list[tuple]:
         if n.op.__class__ is Leaf or holds_no_work(n):
             continue
         ref = earlier.get(id(n))
-        if ref is not None and ref() is n and n.op is not _CAT:
+        if ref is not None and ref() is n and not views.is_concatenation(n.op):
             found[(id(n), i)] = (n, i)
         elif id(n) not in seen:
             seen.add(id(n))

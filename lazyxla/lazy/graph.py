@@ -8,22 +8,18 @@ import math
 import os
 import time
 
-import torch
-
 from lazyxla.config import config
 from lazyxla.device import devices, processes
 from lazyxla.device.devices import x64
 from lazyxla.device.meshes import ask, layouts, uneven_constraint
 from lazyxla.ir import Leaf, Node, digest, leaf, op_hash, raise_if_error, rewired, wiring
-from lazyxla.lazy import pieces, rebase
+from lazyxla.lazy import pieces, rebase, views
 from lazyxla.lazy.cut import Cut, holds_no_work, left_over, remember
 from lazyxla.lazy.session import session
 from lazyxla.lazy.tensor import LazyTensor, live_tensors, retarget, set_value
 from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
-
-aten_cat = torch.ops.aten.cat.default
 
 
 def _walk(roots):
@@ -547,7 +543,7 @@ def _read_needing_nothing(reason: str) -> None:
 
 def _compute_left_over(trigger: str) -> None:
     """After a host read: compute the work the previous host read had left pending too (not concatenations:
-    ``lazy/special.py`` reads their last piece without them), then remember what is pending now.
+    ``lazy/view_reads.py`` reads their last piece without them), then remember what is pending now.
 
     It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
@@ -580,12 +576,12 @@ def _computes_all() -> bool:
 
 def _all_pending_but_concatenations() -> list[tuple]:
     """The values of every pending live tensor, where a pending ``cat`` stands for its pending pieces: the
-    concatenation stays pending (``lazy/special.py`` reads its last piece without it), and so do views of device
-    data (``cut.holds_no_work``: ``lazy/special.py`` reads through them)."""
+    concatenation stays pending (``lazy/view_reads.py`` reads its last piece without it), and so do views of device
+    data (``cut.holds_no_work``: ``lazy/view_reads.py`` reads through them)."""
     want, stack = [], [t._value for t in live_tensors()]
     while stack:
         n, i = stack.pop()
-        if n.op is aten_cat:
+        if views.is_concatenation(n.op):
             stack.extend(n.inputs)
         elif n.op.__class__ is not Leaf and not holds_no_work(n):
             want.append((n, i))

@@ -17,7 +17,7 @@ position's program and one with the position an input, then nothing; a second id
 again. A step that takes the same positions every time keeps them constants, and its programs do not change.
 What the rule costs: a later step that takes a first-epoch position beside new ones (``x[i - 1]`` and ``x[i]``
 at ``i = 1``) is a program of its own, once. A read that moves with a length (from the end of a slice that
-grows: ``lazy/special.py``) is an input from the start.
+grows: ``lazy/view_reads.py``) is an input from the start.
 
 The position is a Python int the host knows, so it is normalized (negative indices wrap) and checked at the
 call (``where_select``, ``where_slice``); a position out of range, a step other than 1, a symbolic bound records
@@ -54,7 +54,7 @@ def _varies(key: tuple, position: int, moving: bool) -> bool:
     """Whether the call ``key`` records ``position`` as a program input: a position it did not take in its first
     epoch. Those it took then stay constants, so every program the key is in, a second identical run's
     included, is one of two: the first epoch's, or the one with the position an input. ``moving``: a position
-    that moves with a length (a read through a slice, ``lazy/special.py``) is an input from the start."""
+    that moves with a length (a read through a slice, ``lazy/view_reads.py``) is an input from the start."""
     if not _flags["dynamic_positions"]:
         return False
     seen = session.positions  # key -> (the epoch it was first used in, the positions it took then)

@@ -27,30 +27,22 @@ import math
 import torch
 
 from lazyxla.ir import Leaf
+from lazyxla.lazy import views
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.tensor import LazyTensor, retarget
 
 aten = torch.ops.aten
-# Views whose result holds every element of their input once, in another order or shape.
-_TRANSPOSES = {aten.t_copy.default, aten.transpose_copy.int, aten.permute_copy.default}
-_RESHAPES = {
-    aten.view_copy.default,
-    aten._unsafe_view.default,
-    aten.unsqueeze_copy.default,
-    aten.squeeze_copy.dim,
-    aten.squeeze_copy.dims,
-    aten.squeeze_copy.default,
-    aten.alias_copy.default,
-}
 
 
 def _invertible(n) -> bool:
-    if n.op in _TRANSPOSES:
-        return True
-    if n.op in _RESHAPES:
+    """Whether node ``n`` holds every element of its input once (``views.invertible``: a transpose, a permutation,
+    or a reshape of as many elements)."""
+    if not views.invertible(n.op):
+        return False
+    if views.is_reshape(n.op):
         (m, i) = n.inputs[0]
         return math.prod(m.avals[i].shape) == math.prod(n.avals[0].shape)
-    return False
+    return True
 
 
 def split(pending: list[LazyTensor]) -> tuple[list[LazyTensor], list[tuple], set[int]]:
