@@ -81,7 +81,11 @@ def draw(logdir: str, out: str) -> None:
     axes[1].set_xlabel("milliseconds since the trace started")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     fig.legend(
-        handles, [n.removeprefix("lazyxla.") for n in colors], ncol=7, loc="upper center", bbox_to_anchor=(0.5, 0.95),
+        handles,
+        [n.removeprefix("lazyxla.") for n in colors],
+        ncol=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.95),
         frameon=False,
     )
     fig.suptitle("lazyxla.profiler.trace, drawn from its Perfetto trace file", y=0.99, fontsize=11)

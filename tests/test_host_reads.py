@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import lazyxla
+from lazyxla.lazy.session import session
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.lowering import cache
 from lazyxla.lowering.registry import RULES, Rule
 from lazyxla.lowering.to_jax import LoweringError
+from lazyxla.observe import metrics
 from tests.util import check, integers, uniform
 
 
@@ -131,12 +133,37 @@ def test_work_left_pending_that_fails_changes_nothing(dev, broken_cos):
     """A broken op left pending across reads does not make the reads fail: it raises where it is read."""
     x = torch.ones(3).to(dev)
     bad = torch.cos(x * 2)
+    failures = metrics.count("left_over_failures")
     for i in range(3):
         assert (x + i).sum().item() == 3 * (1 + i)
+    # the reads met the failure computing left-over work: counted and kept for debugging, not raised there
+    assert metrics.count("left_over_failures") > failures
+    assert "deliberately broken rule" in str(session.left_over_error)
     with pytest.raises(LoweringError, match="deliberately broken rule"):
         bad.cpu()
     del bad
     lazyxla.sync()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("computes", ["needed", "all"])
+def test_a_reads_policy(monkeypatch, processes, computes):
+    """What a read computes besides its values, decided once per read: in a multi-process run nothing more."""
+    from lazyxla.device import processes as processes_module
+    from lazyxla.lazy.graph import ReadPolicy
+
+    monkeypatch.setattr(processes_module, "process_count", lambda: processes)
+    with lazyxla.config.override(host_read_computes=computes):
+        host, runtime = ReadPolicy.of(host_read=True), ReadPolicy.of(host_read=False)
+    alone = processes == 1
+    assert host == ReadPolicy(
+        everything=alone and computes == "all",
+        donates=alone and computes == "all",
+        cuts=alone,
+        counts_epoch=alone,
+        left_over=alone,
+    )
+    assert runtime == ReadPolicy(everything=False, donates=False, cuts=alone, counts_epoch=alone, left_over=False)
 
 
 # ---- slices and indexes of a pending cat ----

@@ -481,22 +481,51 @@ def sync_tensors(tensors: list[LazyTensor], reason: str = "host read", host_read
     next (with a cut on rank 0 only, the two ranks' step programs, built from differently cut graphs, met in
     gloo with mismatched all-reduce sizes and the run aborted).
     """
-    want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
-    alone = processes.process_count() == 1
-    if alone:  # a read on one rank only (rank 0's print) must not make its positions vary and its programs differ
+    policy = ReadPolicy.of(host_read)
+    if policy.counts_epoch:
         session.new_epoch()
+    want = [t._value for t in tensors if t._value[0].op.__class__ is not Leaf]
     if not want:
-        if host_read and alone:
-            _read_needing_nothing(reason)
+        if policy.left_over:
+            _read_needing_nothing(reason, policy)
         return
     metrics.inc("syncs")
     trigger = f"{reason} at {diagnostics.note_sync(reason)}"
-    everything = host_read and alone and _computes_all()
-    if everything:
+    if policy.everything:
         want += _all_pending_but_concatenations()
-    _compute(want, everything, trigger, cut=alone)
-    if host_read and alone:
+    _compute(want, policy.donates, trigger, cut=policy.cuts)
+    if policy.left_over:
         _compute_left_over(trigger)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadPolicy:
+    """What one read of values computes besides the values it needs, decided once per read (``ReadPolicy.of``).
+
+    Example::
+
+        ReadPolicy.of(host_read=True)    # one process: cuts, counts the epoch, computes left-over work
+    """
+
+    everything: bool  # every pending tensor but concatenations (``config.host_read_computes == "all"``)
+    donates: bool  # what no tensor holds afterwards, as a sync does (only when computing everything)
+    cuts: bool  # the graphs it leaves pending take their values from its work (lazy/cut.py)
+    counts_epoch: bool  # the read starts a new epoch (lazy/positions.py)
+    left_over: bool  # the work the previous host read left pending, in a program of its own
+
+    @staticmethod
+    def of(host_read: bool) -> ReadPolicy:
+        """The policy of a read: ``host_read``, a read of values by the host (``.item()``, ``.cpu()``), or a
+        read the runtime needs (a fallback's arguments, a collective's, a data-dependent shape).
+
+        In a multi-process run a read computes what it needs and the live tensors on the way, nothing more (see
+        ``sync_tensors``): no cut, no epoch, no left-over work, never everything.
+        """
+        alone = processes.process_count() == 1
+        everything = host_read and alone and _computes_all()
+        return ReadPolicy(
+            everything=everything, donates=everything, cuts=alone, counts_epoch=alone, left_over=host_read and alone
+        )
 
 
 def compute_now(tensors: list[LazyTensor], trigger: str) -> None:
@@ -528,16 +557,16 @@ def _compute(want: list[tuple], donate: bool, trigger: str, cut: bool = True) ->
         others = None  # noqa: F841  (a failure's traceback keeps this frame: see _run_groups)
 
 
-def _read_needing_nothing(reason: str) -> None:
+def _read_needing_nothing(reason: str, policy: ReadPolicy) -> None:
     """A host read of values that are already there (device data, or known values: ``lazy/known.py``) is
     still a host read: it computes the work the previous read left pending (with ``host_read_computes="all"``,
     every pending tensor), so a loop whose reads need nothing of its work (generation without an
     end-of-sequence token: the max-length criterion's flags are known values) does not pile it all up."""
     trigger = f"{reason} at {diagnostics.user_frame(3)}"
-    if _computes_all():
+    if policy.everything:
         want = _all_pending_but_concatenations()
         if want:
-            _compute(want, True, trigger)
+            _compute(want, policy.donates, trigger)
     _compute_left_over(trigger)
 
 
@@ -547,7 +576,8 @@ def _compute_left_over(trigger: str) -> None:
 
     It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
-    raise when they are read (DESIGN.md, decision 10).
+    raise when they are read (DESIGN.md, decision 10). Such a failure is counted (``left_over_failures``) and kept
+    in ``session.left_over_error`` for debugging, not raised here: the read that met it did not need that work.
     """
     if session.quiet_at == session.made:  # nothing made since a read that left nothing to compute
         return
@@ -556,8 +586,9 @@ def _compute_left_over(trigger: str) -> None:
     if stale:
         try:
             _compute(stale, False, f"{trigger} (work the previous read left pending)")
-        except Exception:  # noqa: S110  (nothing ran and nothing changed: the error comes back at their read)
-            pass
+        except Exception as e:  # nothing ran and nothing changed: the error comes back at their read
+            metrics.inc("left_over_failures")
+            session.left_over_error = e
         values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
     session.left_pending.clear()
     session.left_pending.update(remember(values))

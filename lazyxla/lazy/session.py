@@ -78,6 +78,9 @@ class Session:
         # stay pending), else None: until another LazyTensor is made, the next read skips its walk over every live
         # tensor (``all(t)`` reads each of ``t``'s pieces, all live: a walk per read made iterating quadratic).
         self.quiet_at: int | None = None
+        # The last failure of the work a host read computes for the previous one (graph._compute_left_over: not
+        # raised there, since the read did not need it; its tensors raise it when read)
+        self.left_over_error: BaseException | None = None
         # ``host_to_device`` transfers counted at the last sync (a SyncReport says how many happened since)
         self.transfers_at_last_sync = 0
         # Called with a ``graph.Ran`` after each program a sync runs (whole-step capture watches the programs of the
