@@ -32,6 +32,7 @@ from lazyxla.lazy.meta import DeviceMismatch, NoMeta, check_before_decomposing, 
 from lazyxla.lazy.special import SPECIAL
 from lazyxla.lazy.tensor import LazyTensor, set_dispatch
 from lazyxla.lowering.registry import RULES
+from lazyxla.util import Memo
 
 # Ops the device's own kernels take before any dispatch here (factories, empty, copies): filled by _core.
 DEVICE_KERNEL_OPS: set = set()
@@ -79,16 +80,16 @@ def _check_devices(args, kwargs) -> None:
 # id(op) -> (special handler or None, whether it has a rule, (Scalar positions, Scalar keyword names), whether
 # it may be computed on the host from known values, its index bounds check or None, its advanced indices' preparation
 # or None):
-# one int-keyed lookup per op instead of several dict lookups that each hash the OpOverload in Python.
-_routes: dict = {}
+# one int-keyed lookup per op instead of several dict lookups that each hash the OpOverload in Python. One entry per
+# op used: PyTorch has ~4,000 overloads (``torch._C._jit_get_all_schemas()``), custom ops add a few.
+_routes = Memo("lazyxla.lazy.record._routes", limit=20_000)
 
 
 def _route(func) -> tuple:
     special = SPECIAL.get(func)
     foldable = (special is None and func in RULES) or func in FOLDABLE_SPECIAL  # lazy/known.py may compute it
     route = (special, func in RULES, scalar_args(func), foldable, bounds.checker(func), indices.preparer(func))
-    _routes[id(func)] = route
-    return route
+    return _routes.remember(id(func), route)
 
 
 def dispatch(func, args, kwargs):
@@ -114,7 +115,7 @@ def _on_meta(func, args, kwargs):
 
 
 def _dispatch(func, args, kwargs):
-    route = _routes.get(id(func)) or _route(func)
+    route = _routes.table.get(id(func)) or _route(func)
     if route[5] is not None:  # x[i], x[mask]: CPU indices, byte masks and known masks as PyTorch's kernels take them
         args, kwargs = route[5](func, args, kwargs, dispatch)
     if route[4] is not None and not bounds.inside():  # an op that reads indices: checked, then dispatched

@@ -13,6 +13,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.device.devices import torch_device
 from lazyxla.ir import Aval, Leaf
+from lazyxla.util import Memo
 
 # per op: bound once (a global lookup instead of an attribute chain)
 _make_wrapper_subclass = torch_private.make_wrapper_subclass
@@ -93,13 +94,14 @@ class LazyTensor(torch.Tensor):
 # difference from CPU: a view of an inference tensor is a normal tensor (``torch.is_inference`` False) that in-place
 # ops outside inference mode accept. Every other op's results are inference tensors under inference mode, as on CPU.
 making_views = [False]  # inside a view op's dispatch under inference mode: LazyTensor.__new__ makes normal tensors
-_view_copies: dict = {}  # op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen
+# op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen: one entry per view op used
+_view_copies = Memo("lazyxla.lazy.tensor._view_copies", limit=20_000)
 
 
 def _is_view_copy(func) -> bool:
-    known = _view_copies.get(func)
+    known = _view_copies.table.get(func)
     if known is None:
-        known = _view_copies[func] = torch.Tag.view_copy in func.tags
+        known = _view_copies.remember(func, torch.Tag.view_copy in func.tags)
     return known
 
 
