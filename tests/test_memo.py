@@ -8,6 +8,8 @@ in the caller's keyword order once swapped addmm's ``beta`` and ``alpha``.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -94,8 +96,6 @@ _CONVERTED = {
 
 
 def test_every_memo_table_is_a_registered_bounded_memo():
-    import importlib
-
     registered = memos()
     missing = _CONVERTED - set(registered)
     assert not missing, f"memo tables not registered: {sorted(missing)}"
