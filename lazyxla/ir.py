@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lazyxla.util import Memo
+
 
 class Aval(NamedTuple):
     """Abstract value: what a tensor is, without its contents."""
@@ -167,16 +169,17 @@ def stable_hash(*parts: Any) -> int:
     return int.from_bytes(_blake2b(parts, 8), "little", signed=True)
 
 
-_bases: dict = {}
+# (op, canonical template, device) -> its stable hash: one per distinct recorded call (the meta cache's keys, less the
+# avals), bounded like that cache (lazy/meta.py): templates with changing constants would grow it forever
+_bases = Memo("lazyxla.ir._bases", limit=100_000)
 
 
 def op_hash(op, key: Any, device: int) -> int:
     """The stable hash of an op with its canonical template on a device (memoized)."""
     try:
-        return _bases[(op, key, device)]
+        return _bases.table[(op, key, device)]
     except KeyError:
-        h = _bases[(op, key, device)] = stable_hash(op, key, device)
-        return h
+        return _bases.remember((op, key, device), stable_hash(op, key, device))
 
 
 def node(op, inputs: tuple, template: Any, avals: tuple, device: int, base: int) -> Node:

@@ -1,13 +1,14 @@
-"""Small helpers every layer uses: atomic file writes, nested-tensor mapping, warn-once.
+"""Small helpers every layer uses: atomic file writes, nested-tensor mapping, warn-once, bounded memo tables.
 
 The bottom of the package (with ``config``, ``ir`` and ``ops``): it imports nothing from lazyxla.
 
 Example::
 
-    from lazyxla.util import atomic_write, map_tensors, warn_once
+    from lazyxla.util import Memo, atomic_write, map_tensors, warn_once
     atomic_write("run/state.bin", payload)
     on_cpu = map_tensors(state, lambda t: t.cpu())
     warn_once("my-key", "lazyxla: said once per process")
+    seen = Memo("mymodule._seen", limit=1000)        # a bounded memo table; reset_all() empties every one
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import socket
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable
+from itertools import islice
 from typing import Any, BinaryIO
 
 import torch
@@ -192,6 +195,101 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+# ---- bounded memo tables ----
+
+_memos: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # name -> Memo, for ``reset_all``
+
+
+class Memo:
+    """A memo table: a plain ``dict`` (``table``) of at most ``limit`` entries, registered by ``name`` so
+    ``reset_all`` empties it.
+
+    Reads go to ``table`` itself (``get``, ``[]``, ``in``): a lookup on the per-op recording path is a plain
+    dict's (CPython specializes calls on an exact ``dict`` only; a dict subclass's ``get`` costs ~10 ns more).
+    ``remember`` is the one way in: when the table is full, its oldest entries by insertion (a quarter of
+    ``limit``, at least one) leave first, so keys that keep changing (shapes, signatures) cannot grow it
+    forever, and a lookup never reorders anything. A memo holds only what can be computed again: dropping any
+    entry changes nothing but speed.
+
+    Example::
+
+        _routes = Memo("lazyxla.lazy.record._routes", limit=20_000)   # one entry per op
+        route = _routes.table.get(id(func)) or _routes.remember(id(func), _route(func))
+        seen = Memo("mymodule._seen", limit=100)
+        if key not in seen.table:
+            seen.remember(key)                                           # a set: the value is True
+    """
+
+    __slots__ = ("name", "limit", "table", "__weakref__")
+
+    def __init__(self, name: str, limit: int) -> None:
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"Memo {name!r}: limit must be a positive int (entries), got {limit!r}")
+        self.name = name
+        self.limit = limit
+        self.table: dict = {}
+        _memos[name] = self
+
+    def remember(self, key, value=True):
+        """Store ``value`` under ``key`` (the oldest entries leave first if the table is full); returns ``value``.
+
+        Example::
+
+            h = memo.table.get(key) or memo.remember(key, compute(key))
+        """
+        table = self.table
+        if len(table) >= self.limit:
+            self._evict()
+        table[key] = value
+        return value
+
+    def _evict(self) -> None:
+        # a quarter at once: each eviction scans the deleted slots at the dict's front, so evicting one at a time
+        # from a full table of 100,000 would cost a scan per insertion; pop, not del: a key may have left meanwhile
+        # (a weak reference's callback, special._host_copies)
+        table = self.table
+        for key in list(islice(table, max(1, self.limit // 4))):
+            table.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop every entry (the table stays the same dict object)."""
+        self.table.clear()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __repr__(self) -> str:
+        return f"Memo({self.name!r}, limit={self.limit}, entries={len(self.table)})"
+
+
+def memos() -> dict[str, Memo]:
+    """Every live memo table by name (``Memo``).
+
+    Example::
+
+        sizes = {name: len(m) for name, m in memos().items()}
+    """
+    return dict(_memos)
+
+
+def reset_all() -> int:
+    """Empty every memo table (``Memo``) in the process; returns how many entries were dropped.
+
+    Only speed changes: each entry is computed again the next time it is needed. For tests that want a cold
+    start, and for a long-lived process that wants the memory of calls it will not make again back.
+
+    Example::
+
+        from lazyxla.util import reset_all
+        reset_all()
+    """
+    dropped = 0
+    for memo in list(_memos.values()):
+        dropped += len(memo)
+        memo.clear()
+    return dropped
 
 
 _warned: set[str] = set()  # keys already warned about in this process

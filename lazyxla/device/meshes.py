@@ -30,6 +30,7 @@ from lazyxla import jax_private
 from lazyxla.device.devices import global_devices
 from lazyxla.ir import Leaf
 from lazyxla.ops import ops
+from lazyxla.util import Memo
 
 _meshes: dict[str, Mesh] = {}  # Mesh.key -> Mesh, for the lowering of recorded constraints
 
@@ -189,15 +190,16 @@ def uneven_constraint(node) -> tuple:
     return (key, spec) if even_spec(m, decoded, node.avals[0].shape) != decoded else ()
 
 
-_layout_keys: dict = {}
+# (sharding, ndim) -> its canonical form: a few per mesh; shardings made anew each step would grow it forever, so the
+# oldest leave past 4,096 (as lowering.cache's table of equivalent layouts)
+_layout_keys = Memo("lazyxla.device.meshes._layout_keys", limit=4096)
 
 
 def canonical_layout(sharding, ndim: int):
     """A layout's canonical form, ``(HLO sharding text, device ids)``, memoized per sharding object."""
     key = (sharding, ndim)
     try:
-        return _layout_keys[key]
+        return _layout_keys.table[key]
     except KeyError:
         devices = tuple(d.id for d in jax_private.device_assignment(sharding))
-        canon = _layout_keys[key] = (str(jax_private.hlo_sharding(sharding, ndim)), devices)
-        return canon
+        return _layout_keys.remember(key, (str(jax_private.hlo_sharding(sharding, ndim)), devices))

@@ -19,6 +19,7 @@ from lazyxla.lazy.meta import record
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS
 from lazyxla.lazy.special import copy_into, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor, dispatch_op, set_value, unwrap, wrap
+from lazyxla.util import Memo
 
 aten = torch.ops.aten
 _flags = config._values  # read per out= call: a dict lookup, not lazyxla.config's attribute hook
@@ -158,19 +159,20 @@ for _name in _FACTORIES:
 # an empty size too, so one empty draw on the CPU per dtype finds it. (randn of an integer dtype raises before
 # reaching here.)
 _DRAWS = {"rand": torch.rand}
-_dtype_errors: dict = {}  # (name, dtype) -> the CPU's error, or None
+# (name, dtype) -> the CPU's error, or None: a few draws times PyTorch's few dozen dtypes
+_dtype_errors = Memo("lazyxla.frontend.kernels._dtype_errors", limit=1_000)
 
 
 def _checked_draw(name: str, op):
     def kernel(*args, **kwargs):
         dtype = kwargs.get("dtype") or torch.get_default_dtype()
-        if (name, dtype) not in _dtype_errors:
+        error = _dtype_errors.table.get((name, dtype), False)
+        if error is False:
             try:
                 _DRAWS[name](0, dtype=dtype)
-                _dtype_errors[name, dtype] = None
+                error = _dtype_errors.remember((name, dtype), None)
             except RuntimeError as e:  # NotImplementedError is one
-                _dtype_errors[name, dtype] = e
-        error = _dtype_errors[name, dtype]
+                error = _dtype_errors.remember((name, dtype), e)
         if error is not None:
             raise type(error)(str(error))
         return _backend_kernel(op, *args, **kwargs)
@@ -592,12 +594,13 @@ def _wrapped_numbers(op, tensors: set, args: tuple, kwargs: dict) -> tuple:
     return op, args, {k: torch.tensor(v) if k in numbers else v for k, v in kwargs.items()}
 
 
-_scalar_overloads: dict = {}  # (op, names of its Tensor arguments given numbers) -> its Scalar overload, or None
+# (op, names of its Tensor arguments given numbers) -> its Scalar overload, or None: a few entries per op used
+_scalar_overloads = Memo("lazyxla.frontend.kernels._scalar_overloads", limit=20_000)
 
 
 def _scalar_overload(op, names: frozenset):
     key = (op, names)
-    if key not in _scalar_overloads:
+    if key not in _scalar_overloads.table:
         want = [(a.name, "number" if a.name in names else str(a.type)) for a in op._schema.arguments]  # Scalar
         packet = getattr(aten, op._schema.name.removeprefix("aten::"))
         found = None
@@ -605,8 +608,8 @@ def _scalar_overload(op, names: frozenset):
             other = getattr(packet, overload)
             if [(a.name, str(a.type)) for a in other._schema.arguments] == want:
                 found = other
-        _scalar_overloads[key] = found
-    return _scalar_overloads[key]
+        return _scalar_overloads.remember(key, found)
+    return _scalar_overloads.table[key]
 
 
 def _writes_self(schema) -> bool:

@@ -29,6 +29,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from lazyxla import torch_private
+from lazyxla.util import Memo
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -36,10 +37,15 @@ _OVERLAP = "more than one element of the written-to tensor refers to a single me
 _UNSUPPORTED = "unsupported operation:"  # PyTorch's overlap errors (internal, input/output, index ops)
 # view metas whose op can give a stride 0 (every overlap starts with one of them)
 _STRIDE_0 = frozenset({"expand_ViewMeta", "as_strided_ViewMeta"})
-_LIMIT = 10_000  # memo entries before starting over (chains that keep changing)
-_layouts: dict = {}  # (base shape, dtype, chain) -> a meta tensor with the view's CPU layout, or None
-_verdicts: dict = {}  # (id(op), base shape, dtype, chain) -> the CPU's overlap error message, or None
-_ops: dict = {}  # view meta class name -> the view op it replays
+# Memo tables (lazyxla.util.Memo) keyed by view chains and call signatures, which may keep changing: the oldest
+# leave past 10,000 entries (a layout entry holds a meta tensor, no data)
+_LIMIT = 10_000
+# (base shape, dtype, chain) -> a meta tensor with the view's CPU layout, or None
+_layouts = Memo("lazyxla.frontend.layout._layouts", _LIMIT)
+# (id(op), base shape, dtype, chain) -> the CPU's overlap error message, or None
+_verdicts = Memo("lazyxla.frontend.layout._verdicts", _LIMIT)
+# view meta class name -> the view op it replays (one per view op)
+_ops = Memo("lazyxla.frontend.layout._ops", 1_000)
 
 
 def cpu_layout(t: torch.Tensor) -> torch.Tensor | None:
@@ -86,7 +92,7 @@ def copies_on_reshape(t: torch.Tensor, shape) -> bool:
         return False
     try:
         shape = tuple(shape)
-        found = _reshapes.get((key, shape))
+        found = _reshapes.table.get((key, shape))
     except TypeError:  # symbolic sizes: unhashable, and lazyxla records none
         return False
     if found is None:
@@ -95,7 +101,7 @@ def copies_on_reshape(t: torch.Tensor, shape) -> bool:
             found = layout is not None and not layout.reshape(shape)._is_view()
         except Exception:  # an invalid shape: PyTorch's reshape raises the error itself
             found = False
-        _remember(_reshapes, (key, shape), found)
+        _reshapes.remember((key, shape), found)
     return found
 
 
@@ -114,7 +120,8 @@ def copies_on_contiguous(t: torch.Tensor) -> bool:
     return layout is not None and not layout.is_contiguous()
 
 
-_reshapes: dict = {}  # ((base shape, dtype, chain), shape) -> whether reshape copies on the CPU
+# ((base shape, dtype, chain), shape) -> whether reshape copies on the CPU
+_reshapes = Memo("lazyxla.frontend.layout._reshapes", _LIMIT)
 
 
 def check_written(op, args: tuple, kwargs: dict, written) -> None:
@@ -136,9 +143,9 @@ def check_written(op, args: tuple, kwargs: dict, written) -> None:
         if key is None:
             continue
         verdict_key = (id(op), *key)
-        if verdict_key not in _verdicts:
-            _remember(_verdicts, verdict_key, _cpu_verdict(op, args, kwargs, t, _layout(key)))
-        message = _verdicts[verdict_key]
+        if verdict_key not in _verdicts.table:
+            _verdicts.remember(verdict_key, _cpu_verdict(op, args, kwargs, t, _layout(key)))
+        message = _verdicts.table[verdict_key]
         if message is not None:
             raise RuntimeError(message)
 
@@ -192,9 +199,9 @@ def _check_aliased(op, args: tuple, kwargs: dict, w: torch.Tensor, aliased: list
         hash(verdict_key)
     except TypeError:  # an unhashable argument
         return
-    if verdict_key not in _verdicts:
-        _remember(_verdicts, verdict_key, _cpu_alias_verdict(op, args, kwargs, (w, *aliased), keys))
-    message = _verdicts[verdict_key]
+    if verdict_key not in _verdicts.table:
+        _verdicts.remember(verdict_key, _cpu_alias_verdict(op, args, kwargs, (w, *aliased), keys))
+    message = _verdicts.table[verdict_key]
     if message is not None:
         raise RuntimeError(message)
 
@@ -250,18 +257,19 @@ def check_inplace_shape(op, args: tuple, kwargs: dict) -> None:
     """
     try:
         key = (id(op), _shapes(args), _shapes(tuple(kwargs.items())))
-        found = _reshaped.get(key, False)
+        found = _reshaped.table.get(key, False)
     except TypeError:  # an unhashable argument: asked every time
         key, found = None, False
     if found is False:
         found = _reshape_error(op, args, kwargs)
         if key is not None:
-            _remember(_reshaped, key, found)
+            _reshaped.remember(key, found)
     if found is not None:
         raise RuntimeError(found)
 
 
-_reshaped: dict = {}  # (id(op), argument shapes) -> the error of an in-place op that would reshape self, or None
+# (id(op), argument shapes) -> the error of an in-place op that would reshape self, or None
+_reshaped = Memo("lazyxla.frontend.layout._reshaped", _LIMIT)
 
 
 def _reshape_error(op, args: tuple, kwargs: dict) -> str | None:
@@ -324,13 +332,13 @@ def check_out_views(op, args: tuple, kwargs: dict, written) -> None:
             _signature(tuple(kwargs.items())),
             tuple(any(t is v for v in views) for t in written),
         )
-        found = _resized.get(key, False)
+        found = _resized.table.get(key, False)
     except TypeError:  # an unhashable argument: asked every time
         key, found = None, False
     if found is False:
         found = _meta_resizes(op, args, kwargs, views)
         if key is not None:
-            _remember(_resized, key, found)
+            _resized.remember(key, found)
     if found is not None:
         old, new = found
         raise RuntimeError(
@@ -341,7 +349,8 @@ def check_out_views(op, args: tuple, kwargs: dict, written) -> None:
         )
 
 
-_resized: dict = {}  # (id(op), call signature) -> (old shape, new shape) of a resized out= view, or None
+# (id(op), call signature) -> (old shape, new shape) of a resized out= view, or None
+_resized = Memo("lazyxla.frontend.layout._resized", _LIMIT)
 
 
 def kept_out_shape(op, args: tuple, kwargs: dict, out) -> tuple | None:
@@ -357,19 +366,20 @@ def kept_out_shape(op, args: tuple, kwargs: dict, out) -> tuple | None:
         return None
     try:
         key = (id(op), _signature(args), _signature(tuple(kwargs.items())))
-        found = _kept.get(key, False)
+        found = _kept.table.get(key, False)
     except TypeError:  # an unhashable argument: asked every time
         key, found = None, False
     if found is False:
         found = _meta_result_shape(op, args, kwargs, out)
         if key is not None:
-            _remember(_kept, key, found)
+            _kept.remember(key, found)
     if found is None or found == tuple(out.shape) or math.prod(found) != out.numel():
         return None
     return found
 
 
-_kept: dict = {}  # (id(op), call signature) -> the shape of the op's result, or None
+# (id(op), call signature) -> the shape of the op's result, or None
+_kept = Memo("lazyxla.frontend.layout._kept", _LIMIT)
 
 
 def _meta_result_shape(op, args: tuple, kwargs: dict, out) -> tuple | None:
@@ -545,10 +555,10 @@ def _hashable(x):
 
 
 def _layout(key: tuple) -> torch.Tensor | None:
-    found = _layouts.get(key, False)
+    found = _layouts.table.get(key, False)
     if found is False:
         found = _replay(key)
-        _remember(_layouts, key, found)
+        _layouts.remember(key, found)
     return found
 
 
@@ -577,7 +587,7 @@ def _replay(key: tuple, base: torch.Tensor | None = None) -> torch.Tensor | None
 
 def _op(name: str):
     """``aten.slice.Tensor`` for ``slice_Tensor_ViewMeta``, ``aten.t.default`` for ``t_ViewMeta``."""
-    op = _ops.get(name)
+    op = _ops.table.get(name)
     if op is None:
         stem = name.removesuffix("_ViewMeta")
         packet, _, overload = stem.rpartition("_")
@@ -585,7 +595,7 @@ def _op(name: str):
             op = getattr(getattr(aten, packet), overload)
         else:
             op = getattr(aten, stem).default
-        _ops[name] = op
+        _ops.remember(name, op)
     return op
 
 
@@ -631,9 +641,3 @@ def _cpu_error(op, args: tuple, kwargs: dict, wanted: str) -> str | None:
     except Exception:  # the stand-ins' values are not the user's: no other error is PyTorch's answer here
         pass
     return None
-
-
-def _remember(memo: dict, key, value) -> None:
-    if len(memo) >= _LIMIT:
-        memo.clear()
-    memo[key] = value

@@ -31,6 +31,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.ir import Aval
+from lazyxla.util import Memo
 
 # NotImplementedError ('"<kernel>" not implemented for '<dtype>'', an accelerator-only op whose CPU kernel is
 # a stub), or a message that names the CPU ("nansum on CPU does not support complex inputs"). Either no
@@ -197,8 +198,9 @@ def raise_cpu_error_instead(func, args: tuple, kwargs: dict, error: BaseExceptio
 # ---- out= calls: functionalization turns them into the functional op and a copy into ``out``, so the
 # out= kernel's own checks (``out``'s dtype: gather, amax, multinomial, complex, ...) never run ----
 
-_out_checked: set = set()
-_OUT_MEMO_LIMIT = 100_000
+# out= call signatures already checked: shapes that keep changing would grow it forever, so the oldest leave past
+# 100,000 (each entry a few shapes and dtypes)
+_out_checked = Memo("lazyxla.lazy.check._out_checked", limit=100_000)
 
 
 def _out_signature(x):
@@ -231,7 +233,7 @@ def check_out_call(func, args, kwargs, limit: int) -> None:
     # kwargs come in schema order
     sig = (func, _out_signature(args), tuple([(k, _out_signature(v)) for k, v in kwargs.items()]))
     try:
-        if sig in _out_checked:
+        if sig in _out_checked.table:
             return
     except TypeError:  # an unhashable argument: checked every time
         sig = None
@@ -249,6 +251,4 @@ def check_out_call(func, args, kwargs, limit: int) -> None:
             random=True,  # out= ops include normal, bernoulli, multinomial, randint...: keep the CPU stream
         )
     if sig is not None:
-        if len(_out_checked) >= _OUT_MEMO_LIMIT:
-            _out_checked.clear()
-        _out_checked.add(sig)
+        _out_checked.remember(sig)

@@ -37,6 +37,7 @@ from lazyxla.device import devices
 from lazyxla.ir import Aval, Leaf, Node, leaf
 from lazyxla.lazy.tensor import LazyTensor
 from lazyxla.observe import diagnostics, metrics
+from lazyxla.util import Memo
 
 aten = torch.ops.aten
 
@@ -133,7 +134,8 @@ def _foldable(func) -> bool:
     return func.namespace == "aten" and torch.Tag.nondeterministic_seeded not in func.tags and func not in _NEVER
 
 
-_FOLDABLE: dict = {}  # id(op) -> whether it may be computed on the host
+# id(op) -> whether it may be computed on the host: one entry per op used (PyTorch has ~4,000 overloads)
+_FOLDABLE = Memo("lazyxla.lazy.known._FOLDABLE", limit=20_000)
 
 
 def _tensors(x, out: list) -> bool:
@@ -194,8 +196,9 @@ def _key(x):
     return (type(x), x)
 
 
-_results: dict = {}  # (id(op), its arguments' keys) -> whether its outputs are small integer tensors
-_RESULTS_LIMIT = 100_000
+# (id(op), its arguments' keys) -> whether its outputs are small integer tensors: keyed by shapes and values, which
+# may keep changing, so the oldest leave past 100,000 (each entry a tuple of a few shapes)
+_results = Memo("lazyxla.lazy.known._results", limit=100_000)
 
 
 def _small_result(func, args, kwargs, has_inputs: bool) -> bool:
@@ -204,15 +207,13 @@ def _small_result(func, args, kwargs, has_inputs: bool) -> bool:
     ``known.repeat(10**4)`` would be large)."""
     try:
         key = (id(func), _key(args), _key(tuple(sorted(kwargs.items()))))
-        found = _results.get(key)
+        found = _results.table.get(key)
     except TypeError:  # an unhashable argument: ask the meta kernel every time
         key = found = None
     if found is None:
         found = _ask_meta(func, args, kwargs, has_inputs)
         if key is not None:
-            if len(_results) >= _RESULTS_LIMIT:
-                _results.clear()
-            _results[key] = found
+            _results.remember(key, found)
     return found
 
 
@@ -258,9 +259,9 @@ def fold(func, args, kwargs):
     limit = config.known_values_limit
     if not limit:
         return NOT_FOLDED
-    ok = _FOLDABLE.get(id(func))
+    ok = _FOLDABLE.table.get(id(func))
     if ok is None:
-        ok = _FOLDABLE[id(func)] = _foldable(func)
+        ok = _FOLDABLE.remember(id(func), _foldable(func))
     if not ok:
         return NOT_FOLDED
     lazies: list = []

@@ -27,6 +27,7 @@ from lazyxla.lowering import to_jax
 from lazyxla.lowering.registry import RULES
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.observe.metrics import _counters
+from lazyxla.util import Memo
 
 _flags = config._values  # read per op: a dict lookup, not lazyxla.config's attribute hook
 
@@ -280,7 +281,9 @@ def _device_kwarg(kwargs) -> int:
 
 # ---- meta inference, memoized by (op, template, input avals) ----
 
-_meta_cache: dict = {}
+# Bounded like the fast path's table (``_fast``): about one entry per distinct call signature, plus the calls the fast
+# path cannot key (host tensors, lists of tensors); each holds output avals only, a few hundred bytes.
+_meta_cache = Memo("lazyxla.lazy.meta._meta_cache", limit=100_000)
 
 
 def _meta_tensor(aval: Aval) -> torch.Tensor:
@@ -343,7 +346,7 @@ def _subst_key(s):
 def _infer(func, template, ckey, flat: _Flat, args, kwargs):
     key = _meta_key(func, ckey, flat)
     try:
-        return _meta_cache[key]
+        return _meta_cache.table[key]
     except KeyError:
         pass
     except TypeError:  # unhashable constant
@@ -365,7 +368,7 @@ def _infer(func, template, ckey, flat: _Flat, args, kwargs):
         devices.np_dtype(aval.dtype)  # an unsupported dtype (complex32, ...) raises here, at the call
     _check_on_cpu(func, template, flat, args, kwargs, result[1])
     if key is not None:
-        _meta_cache[key] = result
+        _meta_cache.remember(key, result)
     return result
 
 
@@ -432,8 +435,8 @@ def _masks_index(template, flat: _Flat) -> bool:
 
 
 # Signatures of calls about to be decomposed whose CPU check passed (the fast path's keys, else the meta
-# cache's): the check runs once per signature.
-_checked: set = set()
+# cache's): the check runs once per signature. Bounded like those tables (signatures that keep changing).
+_checked = Memo("lazyxla.lazy.meta._checked", limit=100_000)
 
 
 def check_before_decomposing(func, args, kwargs, scalars) -> None:
@@ -442,12 +445,12 @@ def check_before_decomposing(func, args, kwargs, scalars) -> None:
     if _flags["check_max_elements"] <= 0:
         return
     found = _signature(func, args, kwargs, *scalars)
-    if found is not None and found[0] in _checked:
+    if found is not None and found[0] in _checked.table:
         return
     template, flat = _flatten(func, args, kwargs, place=False)
     key = _meta_key(func, canonical(template), flat)
     try:
-        done = key in _checked
+        done = key in _checked.table
     except TypeError:  # an unhashable constant: checked, not remembered
         key, done = None, False
     if not done:
@@ -463,21 +466,15 @@ def check_before_decomposing(func, args, kwargs, scalars) -> None:
         if out_avals is not None:
             _check_on_cpu(func, template, flat, args, kwargs, out_avals)
         if key is not None:
-            _remember(_checked, key)
+            _checked.remember(key)
     if found is not None:
-        _remember(_checked, found[0])
+        _checked.remember(found[0])
 
 
 def _spec_avals(out) -> list:
     avals: list = []
     _spec(out, avals)
     return avals
-
-
-def _remember(memo: set, key) -> None:
-    if len(memo) >= _FAST_LIMIT:  # signatures that keep changing: start over rather than grow forever
-        memo.clear()
-    memo.add(key)
 
 
 def _rnn_cell_check(input_gates, hidden_gates, state, input_bias, hidden_bias, gates: int) -> None:
@@ -608,8 +605,9 @@ def _finish(func, inputs, template, avals, spec, device, base, random, fresh=Fal
 _FLOAT_INPUT = ("float input",)
 _INT_INPUT = "int input"
 _CONSTANT_TYPES = frozenset({type(None), str, torch.dtype, torch.layout, torch.memory_format, torch.device})
-_fast: dict = {}
-_FAST_LIMIT = 100_000
+# signature -> (template, hash, spec, avals, random): a model records a few thousand signatures; shapes that keep
+# changing would grow it forever, so the oldest leave past 100,000 (each entry a few hundred bytes)
+_fast = Memo("lazyxla.lazy.meta._fast", limit=100_000)
 
 
 def _arg_signature(a, scalar: int, sig: list, inputs: list) -> int | None:
@@ -678,13 +676,13 @@ def _signature(func, args, kwargs, pos_scalar, kw_scalar):
 
 
 # id(op) -> its Scalar positions and Scalar keyword names (``scalar_args``): one int-keyed lookup per op
-# instead of a cache lookup that hashes the OpOverload in Python.
-_scalars: dict = {}
+# instead of a cache lookup that hashes the OpOverload in Python. One entry per op used: PyTorch has ~4,000
+# overloads (``torch._C._jit_get_all_schemas()``), custom ops add a few.
+_scalars = Memo("lazyxla.lazy.meta._scalars", limit=20_000)
 
 
 def _scalars_of(func) -> tuple:
-    scalars = _scalars[id(func)] = scalar_args(func)
-    return scalars
+    return _scalars.remember(id(func), scalar_args(func))
 
 
 def record(func, args, kwargs, scalars=None, fresh=False):
@@ -693,17 +691,15 @@ def record(func, args, kwargs, scalars=None, fresh=False):
     ``scalars`` is ``scalar_args(func)`` where the caller has it at hand (dispatch's route). ``fresh``: the op reads
     no existing value (``torch.empty``): its outputs are made ``LazyTensor(..., fresh=True)``.
     """
-    scalars = scalars or _scalars.get(id(func)) or _scalars_of(func)
+    scalars = scalars or _scalars.table.get(id(func)) or _scalars_of(func)
     found = _signature(func, args, kwargs, *scalars)
     if found is not None:
         sig, inputs, device = found
-        entry = _fast.get(sig)
+        entry = _fast.table.get(sig)
         if entry is not None:
             template, base, spec, avals, random = entry
             return _finish(func, inputs, template, avals, spec, device, base, random, fresh)
     out, entry = _record_general(func, args, kwargs, fresh)
     if found is not None:
-        if len(_fast) >= _FAST_LIMIT:  # shapes that keep changing: start over rather than grow forever
-            _fast.clear()
-        _fast[found[0]] = entry
+        _fast.remember(found[0], entry)
     return out

@@ -25,7 +25,7 @@ from lazyxla.lazy import graph, known, pieces, positions, view_reads
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.tensor import LazyTensor, retarget, set_value, unwrap, wrap
 from lazyxla.observe import diagnostics, metrics
-from lazyxla.util import contiguous_strides
+from lazyxla.util import Memo, contiguous_strides
 
 aten = torch.ops.aten
 
@@ -76,23 +76,21 @@ def _read_piece(t: LazyTensor, reason: str) -> torch.Tensor | None:
 
 
 # Host copies of iterated tensors' values: id(device-data node) -> (weak reference to it, CPU tensor). A few,
-# so that zip(a, b) over two tensors does not copy each again at every step; an entry leaves with its node.
-_host_copies: dict = {}
-_HOST_COPIES = 4
+# so that zip(a, b) over two tensors does not copy each again at every step (a few: they hold whole tensors); an entry
+# leaves with its node.
+_host_copies = Memo("lazyxla.lazy.special._host_copies", limit=4)
 
 
 def _on_host(n) -> torch.Tensor:
     """The CPU copy of device data ``n``'s value (``n`` is immutable: the copy stays right while it lives)."""
-    found = _host_copies.get(id(n))
+    found = _host_copies.table.get(id(n))
     if found is not None and found[0]() is n:
         return found[1]
     raise_if_error(n)
     metrics.inc("device_to_host")
     host = devices.to_host(n.payload, n.avals[0].dtype)
-    while len(_host_copies) >= _HOST_COPIES:
-        del _host_copies[next(iter(_host_copies))]
     key = id(n)
-    _host_copies[key] = (weakref.ref(n, lambda _: _host_copies.pop(key, None)), host)
+    _host_copies.remember(key, (weakref.ref(n, lambda _: _host_copies.table.pop(key, None)), host))
     return host
 
 

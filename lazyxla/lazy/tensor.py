@@ -15,6 +15,7 @@ from lazyxla import torch_private
 from lazyxla.device.devices import torch_device
 from lazyxla.ir import Aval, Leaf
 from lazyxla.lazy.session import session
+from lazyxla.util import Memo
 
 # per op: bound once (a global lookup instead of an attribute chain)
 _make_wrapper_subclass = torch_private.make_wrapper_subclass
@@ -88,13 +89,14 @@ class LazyTensor(torch.Tensor):
 # ops outside inference mode accept. Every other op's results are inference tensors under inference mode, as on CPU.
 # inside a view op's dispatch under inference mode: LazyTensor.__new__ makes normal tensors (in this thread only)
 _making_views: contextvars.ContextVar[bool] = contextvars.ContextVar("lazyxla_making_views", default=False)
-_view_copies: dict = {}  # op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen
+# op -> whether it is a ``*_copy`` view op (tagged view_copy), filled as ops are seen: one entry per view op used
+_view_copies = Memo("lazyxla.lazy.tensor._view_copies", limit=20_000)
 
 
 def _is_view_copy(func) -> bool:
-    known = _view_copies.get(func)
+    known = _view_copies.table.get(func)
     if known is None:
-        known = _view_copies[func] = torch.Tag.view_copy in func.tags
+        known = _view_copies.remember(func, torch.Tag.view_copy in func.tags)
     return known
 
 

@@ -48,7 +48,7 @@ from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import metrics
 from lazyxla.ops import REPLICA_OPS
-from lazyxla.util import atomic_write, remove_stale_temps, warn_once
+from lazyxla.util import Memo, atomic_write, remove_stale_temps, warn_once
 
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
 
@@ -142,7 +142,9 @@ def _fits(a, shape: tuple, dtype: np.dtype, sharding) -> bool:
     return buffers is not None and all(b.dtype == dtype for b in buffers)
 
 
-_equivalent_layouts: dict = {}
+# (layout, expected layout, ndim) -> whether they place data alike: a few per sharded step; layouts that keep changing
+# would grow it forever, so the oldest leave past 4,096
+_equivalent_layouts = Memo("lazyxla.lowering.cache._equivalent_layouts", limit=4096)
 
 
 def _equivalent(layout, expected, ndim: int) -> bool:
@@ -150,12 +152,9 @@ def _equivalent(layout, expected, ndim: int) -> bool:
     step vs the ``NamedSharding`` it was compiled for), memoized."""
     key = (layout, expected, ndim)
     try:
-        return _equivalent_layouts[key]
+        return _equivalent_layouts.table[key]
     except KeyError:
-        if len(_equivalent_layouts) >= 4096:  # layouts that keep changing: start over rather than grow forever
-            _equivalent_layouts.clear()
-        same = _equivalent_layouts[key] = layout.is_equivalent_to(expected, ndim)
-        return same
+        return _equivalent_layouts.remember(key, layout.is_equivalent_to(expected, ndim))
 
 
 def _usable_donations(candidates, in_avals, out_avals) -> tuple[int, ...]:
