@@ -18,20 +18,9 @@ import weakref
 
 from lazyxla.ir import Leaf, rewired
 from lazyxla.lazy import views
-from lazyxla.lazy.tensor import set_value
+from lazyxla.lazy.tensor import Holder, set_value
 
 _VIEW_DEPTH = 8  # longer chains of views are computed as work is
-
-
-class Holder:
-    """Stands for one frontier value in a sync, as a tensor would: the sync rebinds it to its result
-    (``tensor.retarget``, which checks the result's aval against ``_aval``)."""
-
-    __slots__ = ("_value", "_aval")
-
-    def __init__(self, value: tuple) -> None:
-        self._value = value
-        self._aval = value[0].avals[value[1]]
 
 
 class Cut:

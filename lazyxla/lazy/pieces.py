@@ -29,9 +29,8 @@ from __future__ import annotations
 import torch
 
 from lazyxla.ir import Leaf, Node, rewired
-from lazyxla.lazy.cut import Holder
 from lazyxla.lazy.meta import record
-from lazyxla.lazy.tensor import LazyTensor, set_value
+from lazyxla.lazy.tensor import Holder, LazyTensor, set_value
 from lazyxla.ops import ops
 
 aten = torch.ops.aten

@@ -5,6 +5,10 @@ globals spread over ``lazy/``: the live tensors, how many were made, the epoch, 
 the positions learned per key, the device RNG's stream, and whole-step capture's replay watch. One object, so that
 a reader sees every piece of state a change could break, and a test can look at all of it.
 
+One per process, not per device: a sync computes every device's pending work and the live tensors of all of them
+(a step in SPMD mode is one program over every local device), the RNG stream is the process's (as
+``torch.manual_seed`` seeds every device), and the epoch counts the process's syncs and reads.
+
 Threads. The main thread records; a ``DeviceLoader``'s thread uploads batches (each upload makes a LazyTensor);
 autograd's engine records a backward pass on a thread of its own. The policy (docs/architecture.md, "Threads"):
 

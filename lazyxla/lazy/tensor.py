@@ -210,6 +210,23 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
     raise TypeError(f"expected a lazyxla tensor, got a tensor on {t.device} of type {type(t).__name__}")
 
 
+class Holder:
+    """Stands for one pending value in a sync, as a tensor would (a cut's frontier value, the base an iterated
+    tensor's pieces view: lazy/cut.py, lazy/pieces.py): the sync rebinds it to its result (``retarget``, which
+    checks the result's aval against ``_aval``). Here, beside ``set_value``, as the other place a ``_value`` is set.
+
+    Example::
+
+        h = Holder((node, 0)); graph._run_groups([h], ...); h._value     # the node's computed value
+    """
+
+    __slots__ = ("_value", "_aval")
+
+    def __init__(self, value: tuple) -> None:
+        self._value = value
+        self._aval = value[0].avals[value[1]]
+
+
 def set_value(lt: LazyTensor, value: tuple) -> None:
     """Make the LazyTensor ``lt`` hold the IR ``value`` ``(node, output index)``: the one way a tensor is rebound
     (a sync's results, a failure's error leaves, a cut, a rebased view, a replayed step's results, placeholders,
