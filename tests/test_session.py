@@ -224,4 +224,4 @@ def test_the_session_holds_the_runtimes_history(dev):
     assert session.epoch == epoch + 1
     x.sum().item()
     assert session.epoch == epoch + 2
-    assert set(session.holders()) >= {"live", "made", "recorded", "epoch", "left_pending", "positions", "rng"}
+    assert set(session.summary()) >= {"live", "made", "recorded", "epoch", "left_pending", "positions", "rng"}

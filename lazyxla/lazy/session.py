@@ -137,12 +137,12 @@ class Session:
             self.touched += 1
             self.watched.clear()
 
-    def holders(self) -> dict:
+    def summary(self) -> dict:
         """A summary of the state (for tests and debugging): each field's size or value.
 
         Example::
 
-            session.holders()["live"]      # weak references held to LazyTensors
+            session.summary()["live"]      # weak references held to LazyTensors
         """
         return {
             "live": len(self.live),
