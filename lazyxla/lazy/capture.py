@@ -83,7 +83,7 @@ import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 
 from lazyxla import torch_private
-from lazyxla.device import devices, processes
+from lazyxla.device import devices, meshes, processes
 from lazyxla.ir import Leaf, leaf
 from lazyxla.lazy import graph, known, rng
 from lazyxla.lazy.session import session
@@ -160,8 +160,6 @@ def _build(world: World, start: _Start, ran: list, flat: list, out) -> _Candidat
         )
     if processes.process_count() > 1 or ran[0].compiled.replicas is not None:
         raise NotCapturable("capture runs in single-process runs only")
-    if ran[0].compiled.spmd:  # (its layouts and uneven splits are not replayed yet: recorded, never guessed)
-        raise NotCapturable("capture does not replay SPMD programs yet (lazyxla.spmd): each call is recorded")
     r = ran[0]
     cand = _Candidate(r, start)
     cand.read_leaves(r, start)
@@ -191,6 +189,12 @@ class _Candidate:
                 name = start.named.get(id(n))
                 if name is not None:
                     self.inputs.append((pos, name, n.hash))
+                elif meshes.is_relaid(n):  # device data laid out anew inside the step: not a constant
+                    raise NotCapturable(
+                        "the step lays out a computed tensor anew (lazyxla.spmd.mark_sharding or clear_sharding of "
+                        "device data inside the step): annotate the arguments (e.g. DeviceLoader(input_sharding=...)), "
+                        "parameters and buffers before the call"
+                    )
                 elif id(n) in start.held:
                     raise NotCapturable(
                         f"the step reads a device tensor ({list(n.avals[0].shape)} {n.avals[0].dtype}) that is not an "
@@ -334,7 +338,11 @@ class _Entry:
         self.outputs_of = graph.outputs_of(r.roots, r.compiled)
         self.template = list(r.leaves)  # scalars and constants; inputs and keys are put in per call
         locs = cand.locations
-        self.inputs = [(pos, locs[name], h) for pos, name, h in cand.inputs]
+        # per input: (leaf position, location, node hash, layout): in SPMD the layout the program was built for
+        # (canonical, with an uneven split asked for: ``meshes.layouts``), else None
+        shaped = graph.key_layouts(r.key)
+        self.inputs = [(pos, locs[name], h, shaped and shaped[pos]) for pos, name, h in cand.inputs]
+        self.names = [name for _, name, _ in cand.inputs]  # (to say which input a replay missed at)
         for pos, _, _ in cand.inputs:
             self.template[pos] = None
         self.keys = cand.keys
@@ -407,7 +415,7 @@ class _Entry:
         metrics.inc("executions")
         metrics.inc("capture_replays")
         session.replays += 1
-        metrics.inc("device_buffers", len(outs))
+        metrics.inc("device_buffers", devices.buffers(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
         if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
             out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
@@ -446,7 +454,7 @@ class _Entry:
         LazyTensor and node it left there), which need no check."""
         ff = _from_functional
         ours = set()
-        for k, (pos, loc, h) in enumerate(self.inputs):
+        for k, (pos, loc, h, layout) in enumerate(self.inputs):
             t = loc.get(flat)
             if t is None:
                 return _miss("an input location holds no tensor")
@@ -462,6 +470,8 @@ class _Entry:
             n = lt._value[0]
             if n.op is not _DATA or n.hash != h:
                 return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
+            if layout is not None and meshes.layout_key(n) != layout:  # (a node's hash does not hold its layout)
+                return _miss(f"an input's sharding differs from the verified call's ({_say(self.names[k])})")
             leaves[pos] = n
             inner[k] = lt
         return ours
@@ -489,6 +499,8 @@ class _Entry:
         packed = self.packed
         if self.keys:
             packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
+        if compiled.spmd:  # global arguments: the same numbers on every device (as graph.arguments sends them)
+            return data + devices.send(packed, self.device) if packed else data
         return data + devices.passed(packed)
 
     def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):

@@ -1,0 +1,94 @@
+"""Functions tests/test_capture_spmd.py runs in fresh processes with 8 fake CPU devices: an SPMD training step,
+captured (``lazyxla.compile(step, capture=True)``) or in lazy mode (the same step as one ``lazyxla.compile``
+region per call, without capture)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+BATCH, D_IN, D, D_OUT = 8, 16, 32, 8
+
+
+def _mlp() -> nn.Module:
+    """A 4-layer MLP whose every dimension 8 devices (and a 2 x 4 mesh's axes) divide."""
+    return nn.Sequential(
+        nn.Linear(D_IN, D), nn.GELU(), nn.Linear(D, D), nn.GELU(), nn.Linear(D, D), nn.GELU(), nn.Linear(D, D_OUT)
+    )
+
+
+def _batches(n: int) -> list:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, D_IN, generator=g), torch.randn(BATCH, D_OUT, generator=g)) for _ in range(n)]
+
+
+def _shard(model: nn.Module, mesh, mode: str) -> str:
+    """Shard ``model`` for ``mode``; returns the mesh axis the batch is split over."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    if mode == "fsdp":
+        spmd.fsdp(model, mesh, axis="fsdp")
+        return "fsdp"
+    for k, layer in enumerate(m for m in model if isinstance(m, nn.Linear)):  # Megatron-style: column, row, ...
+        spec = ("model", None) if k % 2 == 0 else (None, "model")
+        spmd.mark_sharding(layer.weight, mesh, spec)
+        if k % 2 == 0:
+            spmd.mark_sharding(layer.bias, mesh, ("model",))
+    return "data"
+
+
+def train(rank: int, mode: str, captured: bool, steps: int = 10, relayout_at: int | None = None) -> dict:
+    """Train the MLP ``steps`` steps under SPMD (``mode``: 'fsdp' over 8 devices, or '2d' over a 2 x 4 mesh);
+    ``relayout_at``: before that call, lay one weight out anew (another spec). Returns the losses, the
+    parameters and gradients after the last step, the capture counters and statuses, and host ms per call."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("fsdp",)) if mode == "fsdp" else spmd.mesh((2, -1), ("data", "model"))
+    torch.manual_seed(0)
+    model = _mlp().to(dev)
+    axis = _shard(model, mesh, mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, capturable=True)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = lazyxla.compile(step, capture=captured)
+    lazyxla.metrics.reset()
+    losses, statuses, host_ms = [], [], []
+    for i, (x, y) in enumerate(_batches(steps)):
+        if i == relayout_at:
+            w = model[2].weight  # another spec than it had: an input's layout differs from the verified call's
+            spmd.mark_sharding(w, mesh, (None, axis) if mode == "fsdp" else ("model", None))
+        xb, yb = x.to(dev), y.to(dev)
+        spmd.mark_sharding(xb, mesh, (axis, None))
+        spmd.mark_sharding(yb, mesh, (axis, None))
+        started = time.perf_counter()
+        loss = run(xb, yb)
+        host_ms.append((time.perf_counter() - started) * 1e3)
+        statuses.append(run.capture_status if captured else None)
+        losses.append(loss.item())  # outside the step: its own read
+    counters = lazyxla.metrics.counters()
+    return {
+        "devices": lazyxla.spmd.device_count(),
+        "losses": losses,
+        "params": {k: v.cpu() for k, v in model.state_dict().items()},
+        "grads": {k: p.grad.cpu() for k, p in model.named_parameters()},
+        "specs": {k: spmd.get_sharding(p) and spmd.get_sharding(p)[1] for k, p in model.named_parameters()},
+        "replays": counters.get("capture_replays", 0),
+        "records": counters.get("capture_records", 0),
+        "refusals": counters.get("capture_refusals", 0),
+        "input_misses": counters.get("capture_input_misses", 0),
+        "compiles": counters.get("compiles", 0),
+        "statuses": statuses,
+        "host_ms": host_ms,
+    }
