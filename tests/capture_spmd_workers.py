@@ -40,14 +40,25 @@ def _shard(model: nn.Module, mesh, mode: str) -> str:
     return "data"
 
 
-def train(rank: int, mode: str, captured: bool, steps: int = 10, relayout_at: int | None = None) -> dict:
-    """Train the MLP ``steps`` steps under SPMD (``mode``: 'fsdp' over 8 devices, or '2d' over a 2 x 4 mesh);
-    ``relayout_at``: before that call, lay one weight out anew (another spec). Returns the losses, the
-    parameters and gradients after the last step, the capture counters and statuses, and host ms per call."""
+def compare(rank: int, mode: str, steps: int = 10, relayout_at: int | None = None) -> dict:
+    """``train`` in lazy mode, then captured, in one SPMD process (``mode``: 'fsdp' over 8 devices, or '2d' over
+    a 2 x 4 mesh)."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    return {
+        "lazy": train(mode, False, steps, relayout_at),
+        "captured": train(mode, True, steps, relayout_at),
+    }
+
+
+def train(mode: str, captured: bool, steps: int, relayout_at: int | None) -> dict:
+    """Train the MLP ``steps`` steps under SPMD; ``relayout_at``: before that call, lay one weight out anew (another
+    spec). Returns the losses, the parameters and gradients after the last step, the capture counters and
+    statuses, and host ms (wall and this thread's CPU) per call."""
     import lazyxla
 
     spmd = lazyxla.spmd
-    spmd.enable()
     dev = lazyxla.device()
     mesh = spmd.mesh((-1,), ("fsdp",)) if mode == "fsdp" else spmd.mesh((2, -1), ("data", "model"))
     torch.manual_seed(0)
@@ -64,7 +75,7 @@ def train(rank: int, mode: str, captured: bool, steps: int = 10, relayout_at: in
 
     run = lazyxla.compile(step, capture=captured)
     lazyxla.metrics.reset()
-    losses, statuses, host_ms = [], [], []
+    losses, statuses, host_ms, cpu_ms, replayed = [], [], [], [], []
     for i, (x, y) in enumerate(_batches(steps)):
         if i == relayout_at:
             w = model[2].weight  # another spec than it had: an input's layout differs from the verified call's
@@ -72,10 +83,12 @@ def train(rank: int, mode: str, captured: bool, steps: int = 10, relayout_at: in
         xb, yb = x.to(dev), y.to(dev)
         spmd.mark_sharding(xb, mesh, (axis, None))
         spmd.mark_sharding(yb, mesh, (axis, None))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         loss = run(xb, yb)
         host_ms.append((time.perf_counter() - started) * 1e3)
+        cpu_ms.append((time.thread_time() - cpu) * 1e3)
         statuses.append(run.capture_status if captured else None)
+        replayed.append(lazyxla.metrics.counters().get("capture_replays", 0) > sum(replayed))
         losses.append(loss.item())  # outside the step: its own read
     counters = lazyxla.metrics.counters()
     return {
@@ -90,5 +103,40 @@ def train(rank: int, mode: str, captured: bool, steps: int = 10, relayout_at: in
         "input_misses": counters.get("capture_input_misses", 0),
         "compiles": counters.get("compiles", 0),
         "statuses": statuses,
+        "replayed": replayed,  # per call: whether it was replayed
         "host_ms": host_ms,
+        "cpu_ms": cpu_ms,
     }
+
+
+def marks_inside(rank: int, steps: int = 5) -> dict:
+    """A step that lays its batch out itself (``mark_sharding`` of device data inside it): lazy mode's losses,
+    and the captured step's losses, replays and status."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+    spmd.enable()
+    dev = lazyxla.device()
+    mesh = spmd.mesh((-1,), ("fsdp",))
+    out = {}
+    for captured in (False, True):
+        torch.manual_seed(0)
+        model = _mlp().to(dev)
+        spmd.fsdp(model, mesh, axis="fsdp")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+
+        def step(x, y, model=model, opt=opt):
+            spmd.mark_sharding(x, mesh, ("fsdp", None))
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = lazyxla.compile(step, capture=captured)
+        lazyxla.metrics.reset()
+        losses = [run(x.to(dev), y.to(dev)).item() for x, y in _batches(steps)]
+        out["losses" if captured else "lazy_losses"] = losses
+    out["replays"] = lazyxla.metrics.counters().get("capture_replays", 0)
+    out["status"] = run.capture_status
+    return out

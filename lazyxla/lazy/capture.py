@@ -321,8 +321,9 @@ def _say(name: tuple) -> str:
 class _Entry:
     """A verified step: its program, and where its inputs come from and its results go."""
 
-    def __init__(self, cand: _Candidate) -> None:
+    def __init__(self, cand: _Candidate, signature: tuple) -> None:
         r = cand.ran
+        self.signature = signature  # (the verified calls' ``_Candidate.signature``)
         self.compiled, self.device = r.compiled, r.device
         self.made_by = f"an output of graph {graph.graph_id(r.key)} (replayed)"  # names the buffers in errors
         # per input: weak references to the (inner tensor, node) the last replay left in its location, or None
@@ -619,6 +620,7 @@ class StepCapture:
     def __call__(self, region, args: tuple, kwargs: dict):
         flat, spec = flatten((args, kwargs))
         world = self.world
+        missed = ""  # why a call that guards led to an entry was recorded instead
         if world is not None and self.entries:
             entry = self.entries.get(world.guards(flat, spec, self.fn))
             if entry is not None:
@@ -626,13 +628,13 @@ class StepCapture:
                 if out is not MISS:
                     session.new_epoch()
                     return out
-                self.status = f"recorded this call: {session.last_miss}"
+                missed = self.status = f"recorded this call: {session.last_miss}"
             else:
                 self.status = "recorded this call: its guards differ from every verified step's"
             metrics.inc("capture_guard_misses")
-        return self._record(region, args, kwargs, flat, spec)
+        return self._record(region, args, kwargs, flat, spec, missed)
 
-    def _record(self, region, args, kwargs, flat, spec):
+    def _record(self, region, args, kwargs, flat, spec, missed: str = ""):
         metrics.inc("capture_records")
         for entry in self.entries.values():  # their caches hold tensors, which would keep buffers from donation
             entry.forget()
@@ -672,28 +674,34 @@ class StepCapture:
         self.world = world
         if start is not None:
             try:
-                self._verify(_build(world, start, ran, flat, out))
+                self._verify(_build(world, start, ran, flat, out), missed)
                 return out
             except NotCapturable as e:
                 why = str(e)
         self._refused(why)
         return out
 
-    def _verify(self, cand: _Candidate) -> None:
+    def _verify(self, cand: _Candidate, missed: str = "") -> None:
+        """Keep ``cand``'s signature, or make it an entry when the last recorded call from its guards had the same;
+        ``missed``: why this call was recorded rather than replayed (kept in the status until it verifies)."""
         sig = cand.signature()
         last = self.last.get(cand.guards)
         if last == sig:
-            if cand.guards not in self.entries:
-                if len(self.entries) >= _MAX_ENTRIES:
+            entry = self.entries.get(cand.guards)
+            # a verified entry from the same guards that differs (an input laid out anew, a .data swap: what a
+            # replay checks beyond the guards) is replaced: the step now runs this one
+            if entry is None or entry.signature != sig:
+                if entry is None and len(self.entries) >= _MAX_ENTRIES:
                     self.entries.pop(next(iter(self.entries)))
-                self.entries[cand.guards] = _Entry(cand)
+                self.entries[cand.guards] = _Entry(cand, sig)
                 metrics.inc("capture_verified")
             self.status = "replaying"
         else:
             self.last[cand.guards] = sig
             while len(self.last) > _MAX_ENTRIES:
                 self.last.pop(next(iter(self.last)))
-            self.status = "recorded once from these guards: the next equal call verifies it"
+            then = "recorded once from these guards: the next equal call verifies it"
+            self.status = f"{missed}; {then}" if missed else then
 
     def _refused(self, why: str) -> None:
         self.status = f"recorded, not captured: {why}"
