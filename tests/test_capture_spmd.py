@@ -84,3 +84,15 @@ def test_mark_sharding_of_device_data_inside_the_step_is_refused_by_name():
     assert out["replays"] == 0
     assert out["losses"] == out["lazy_losses"]
     assert "lays out a computed tensor anew (lazyxla.spmd.mark_sharding" in out["status"], out["status"]
+
+
+def test_a_mesh_the_step_reads_is_guarded():
+    """The step constrains an activation over the mesh in its closure; rebinding that variable to another mesh is
+    a changed guard: the call is recorded (a replay would run the program built for the first mesh)."""
+    at = 4
+    (out,) = lazyxla.spawn(W.mesh_in_closure, args=(7, at), nprocs=1, cpu_devices=8, timeout_s=280)
+    lazy, captured = out["lazy"], out["captured"]
+    assert captured["losses"] == lazy["losses"]
+    # calls 5 and 6 record and verify the step from the new guards; call 7 replays it
+    assert captured["replayed"] == [False, False, False, True, False, False, True], captured["replayed"]
+    assert captured["statuses"][at].startswith("recorded this call: its guards differ from every verified step's")

@@ -630,7 +630,7 @@ class StepCapture:
                     return out
                 missed = self.status = f"recorded this call: {session.last_miss}"
             else:
-                self.status = "recorded this call: its guards differ from every verified step's"
+                missed = self.status = "recorded this call: its guards differ from every verified step's"
             metrics.inc("capture_guard_misses")
         return self._record(region, args, kwargs, flat, spec, missed)
 
