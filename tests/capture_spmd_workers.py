@@ -60,31 +60,45 @@ def train(mode: str, captured: bool, steps: int, relayout_at: int | None) -> dic
 
     spmd = lazyxla.spmd
     dev = lazyxla.device()
-    mesh = spmd.mesh((-1,), ("fsdp",)) if mode == "fsdp" else spmd.mesh((2, -1), ("data", "model"))
+    mesh = spmd.mesh((2, -1), ("data", "model")) if mode == "2d" else spmd.mesh((-1,), ("fsdp",))
     torch.manual_seed(0)
     model = _mlp().to(dev)
-    axis = _shard(model, mesh, mode)
+    axis = _shard(model, mesh, "2d" if mode == "2d" else "fsdp")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, capturable=True)
+    # 'uneven': 6 rows split over 8 devices (meshes.ask): the batch, a buffer the step updates and re-annotates
+    # (an input and a result split unevenly, from step to step), and a per-example loss it returns
+    rows = 6 if mode == "uneven" else BATCH
+    if mode == "uneven":
+        model.register_buffer("count", torch.zeros(rows, device=dev))
+        spmd.mark_sharding(model.count, mesh, ("fsdp",))
 
     def step(x, y):
         opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
+        out = model(x)
+        loss = nn.functional.mse_loss(out, y)
         loss.backward()
         opt.step()
-        return loss
+        if mode != "uneven":
+            return loss
+        model.count.add_(1)
+        spmd.mark_sharding(model.count, mesh, ("fsdp",))  # (a pending value: a constraint in the program)
+        return loss, spmd.mark_sharding((out.detach() - y).pow(2).mean(1), mesh, ("fsdp",))
 
     run = lazyxla.compile(step, capture=captured)
     lazyxla.metrics.reset()
-    losses, statuses, host_ms, cpu_ms, replayed = [], [], [], [], []
+    losses, statuses, host_ms, cpu_ms, replayed, extra = [], [], [], [], [], []
     for i, (x, y) in enumerate(_batches(steps)):
         if i == relayout_at:
             w = model[2].weight  # another spec than it had: an input's layout differs from the verified call's
             spmd.mark_sharding(w, mesh, (None, axis) if mode == "fsdp" else ("model", None))
-        xb, yb = x.to(dev), y.to(dev)
+        xb, yb = x[:rows].to(dev), y[:rows].to(dev)
         spmd.mark_sharding(xb, mesh, (axis, None))
         spmd.mark_sharding(yb, mesh, (axis, None))
         started, cpu = time.perf_counter(), time.thread_time()
         loss = run(xb, yb)
+        if mode == "uneven":
+            loss, per = loss
+            extra.append((per.cpu(), spmd.get_sharding(per)[1], spmd.get_sharding(model.count)[1]))
         host_ms.append((time.perf_counter() - started) * 1e3)
         cpu_ms.append((time.thread_time() - cpu) * 1e3)
         statuses.append(run.capture_status if captured else None)
@@ -95,6 +109,7 @@ def train(mode: str, captured: bool, steps: int, relayout_at: int | None) -> dic
         "devices": lazyxla.spmd.device_count(),
         "losses": losses,
         "params": {k: v.cpu() for k, v in model.state_dict().items()},
+        "uneven": extra,  # 'uneven': per call, the per-example losses and their and the buffer's specs
         "grads": {k: p.grad.cpu() for k, p in model.named_parameters()},
         "specs": {k: spmd.get_sharding(p) and spmd.get_sharding(p)[1] for k, p in model.named_parameters()},
         "replays": counters.get("capture_replays", 0),

@@ -42,7 +42,7 @@ def _host_figure(mode: str, lazy: dict, captured: dict) -> str:
     )
 
 
-@pytest.mark.parametrize("mode", ["fsdp", "2d"])
+@pytest.mark.parametrize("mode", ["fsdp", "2d", "uneven"])
 def test_captured_spmd_training_equals_lazy_mode(mode):
     lazy, captured = _run(mode)
     assert captured["devices"] == 8
@@ -53,7 +53,11 @@ def test_captured_spmd_training_equals_lazy_mode(mode):
     assert captured["refusals"] == 1  # its first call only (its modules and optimizer are not known yet)
     assert captured["compiles"] == 0  # it runs lazy mode's programs (built in this process by the lazy run)
     split = {k: v for k, v in captured["specs"].items() if v}
-    assert len(split) == (8 if mode == "fsdp" else 6), captured["specs"]  # sharded parameters, not replicated
+    assert len(split) == (6 if mode == "2d" else 8), captured["specs"]  # sharded parameters, not replicated
+    for (per, spec, count_spec), (want, want_spec, _) in zip(captured["uneven"], lazy["uneven"]):
+        torch.testing.assert_close(per, want, rtol=0, atol=0)  # a result split unevenly, returned
+        assert spec == want_spec == count_spec == ("fsdp",)  # the layouts asked for stay true through replays
+    assert len(captured["uneven"]) == (STEPS if mode == "uneven" else 0)
     print(_host_figure(mode, lazy, captured))  # (a figure for the record; timing is not asserted)
 
 
