@@ -157,10 +157,34 @@ def marks_inside(rank: int, steps: int = 5) -> dict:
     return out
 
 
+def _closing_over_a_mesh(model, opt, mesh):
+    """A step that constrains an activation over ``mesh``, a variable of its closure; and a function that rebinds
+    that variable."""
+    import lazyxla
+
+    spmd = lazyxla.spmd
+
+    def step(x, y):
+        opt.zero_grad()
+        h = spmd.mark_sharding(model[1](model[0](x)), mesh, ("fsdp", None))  # a pending value: a constraint
+        for layer in list(model)[2:]:
+            h = layer(h)
+        loss = nn.functional.mse_loss(h, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def rebind(other) -> None:
+        nonlocal mesh
+        mesh = other
+
+    return step, rebind
+
+
 def mesh_in_closure(rank: int, steps: int = 7, change_at: int = 4) -> dict:
     """A step that constrains an activation over a mesh it reads from its closure; before call ``change_at`` that
-    variable is rebound to another mesh (its "fsdp" axis 2 devices long). Lazy mode's losses, and the captured step's
-    losses, statuses and per-call replays."""
+    variable is rebound to another mesh (its "fsdp" axis 2 devices long). Lazy mode's losses, and the captured
+    step's losses, statuses and per-call replays."""
     import lazyxla
 
     spmd = lazyxla.spmd
@@ -173,24 +197,13 @@ def mesh_in_closure(rank: int, steps: int = 7, change_at: int = 4) -> dict:
         model = _mlp().to(dev)
         spmd.fsdp(model, meshes[0], axis="fsdp")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-        mesh = meshes[0]
-
-        def step(x, y, model=model, opt=opt):
-            opt.zero_grad()
-            h = spmd.mark_sharding(model[1](model[0](x)), mesh, ("fsdp", None))  # a pending value: a constraint
-            for layer in list(model)[2:]:
-                h = layer(h)
-            loss = nn.functional.mse_loss(h, y)
-            loss.backward()
-            opt.step()
-            return loss
-
+        step, rebind = _closing_over_a_mesh(model, opt, meshes[0])
         run = lazyxla.compile(step, capture=captured)
         lazyxla.metrics.reset()
         losses, statuses, replayed = [], [], []
         for i, (x, y) in enumerate(_batches(steps)):
             if i == change_at:
-                mesh = meshes[1]
+                rebind(meshes[1])
             losses.append(run(x.to(dev), y.to(dev)).item())
             statuses.append(run.capture_status if captured else None)
             replayed.append(lazyxla.metrics.counters().get("capture_replays", 0) > sum(replayed))

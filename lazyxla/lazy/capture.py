@@ -32,19 +32,33 @@ which location each result was put in (the same tensor changed in place, a new t
 numbers the program takes, the random keys it draws, and the *guards*: what the call started from (argument
 shapes, dtypes and numbers; grad mode, autocast, config; each module's ``training`` flag, parameters, buffers
 and hooks; each optimizer's hyperparameters, parameters and state entries, with the values of CPU numbers in
-its state; which parameters had a gradient; the numbers the step function reads from its closure and globals).
+its state; which parameters had a gradient; the numbers, and the SPMD meshes (by key), that the step function
+reads from its closure and globals).
 
 A candidate equal in everything to the previous recorded call's is *verified*: two recordings from the same
 guards gave the same program with the same numbers, so the step's Python computed nothing that changes from
 call to call. From then on a call whose guards equal the verified ones is replayed (``_Entry.replay``); one
-whose guards differ is recorded, which counts ``capture_guard_misses``, and may become a second entry.
+whose guards differ is recorded, which counts ``capture_guard_misses``, and may become a second entry. A call
+whose guards equal an entry's but whose inputs the replay finds otherwise (``capture_input_misses``) is recorded,
+and once it verifies, its step replaces that entry. ``.capture_status`` keeps why a call was recorded until the
+step verifies again.
+
+SPMD (``lazyxla.spmd``, one process): the program takes its inputs in the layouts it was built for (its key
+holds them, ``meshes.layouts``: canonical, with an uneven split that a leaf asks for). A replay checks each
+input's layout against the verified call's, except the buffers the previous replay made (the program's outputs,
+in the layouts the verified calls read back); a different one (a weight laid out anew with ``mark_sharding``, a
+batch annotated otherwise) is recorded, saying "an input's sharding differs". The packed numbers and random keys
+are sent to every device, as a recorded sync sends them; results split unevenly remember their layout as a
+sync's do (``graph.output_leaves``), and a quiet replay keeps each reused node's.
 
 What stops a call from being captured (the reason is in ``.capture_status``, counted as ``capture_refusals``):
 a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
 a known location (a tensor in a list: make it a buffer or an argument), a result kept anywhere else, a CPU
-tensor argument, a multi-process run, an SPMD program. Python numbers that change every call (a CPU step
-counter, SGD's learning rate under a scheduler) make every candidate differ, so such steps are recorded every
-time: correct, not faster.
+tensor argument, a multi-process run (replicas, or SPMD over several processes), a ``mark_sharding`` or
+``clear_sharding`` of device data inside the step (annotate the arguments, parameters and buffers before the
+call; annotating a pending value inside the step is a constraint in the program, and replays). Python numbers
+that change every call (a CPU step counter, SGD's learning rate under a scheduler) make every candidate differ,
+so such steps are recorded every time: correct, not faster.
 
 Optimizers: as ``torch.compile`` does for an optimizer step it compiles, optimizers that offer ``capturable``
 are switched to ``capturable=True`` (their step counters move to the device), so their bias corrections are
