@@ -634,7 +634,7 @@ class StepCapture:
     def __call__(self, region, args: tuple, kwargs: dict):
         flat, spec = flatten((args, kwargs))
         world = self.world
-        missed = ""  # why a call that guards led to an entry was recorded instead
+        missed = ""  # why this call, from a known world, is recorded rather than replayed
         if world is not None and self.entries:
             entry = self.entries.get(world.guards(flat, spec, self.fn))
             if entry is not None:
