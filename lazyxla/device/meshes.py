@@ -122,6 +122,11 @@ def spec_of_layout(sharding, ndim: int) -> tuple[Mesh | None, tuple] | None:
     return None, (str(sharding),)
 
 
+def layout_key(n):
+    """SPMD: data leaf ``n``'s layout as ``layouts`` keys it (None for a leaf without a buffer)."""
+    return _layout_key(n) if n.op is Leaf.DATA and n.payload is not None else None
+
+
 def layouts(leaves) -> tuple:
     """SPMD: the layouts of the data leaves (a program is compiled for its inputs' layouts), canonical:
     a step's outputs come back in layouts XLA chose (``GSPMDSharding``), equivalent to the ``NamedSharding``
@@ -143,6 +148,7 @@ def _layout_key(n):
 # asked for (``ask``): programs constrain the tensor to it (XLA pads inside them, as torch_xla's runtime does), and
 # lazyxla.spmd's queries (get_sharding, local_shards) report it.
 _asked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # data leaf -> (mesh key, JSON spec)
+_relaid: weakref.WeakSet = weakref.WeakSet()  # data leaves holding a buffer another leaf had, laid out anew
 
 
 def parts(m: Mesh, spec: Sequence) -> list[int]:
@@ -173,6 +179,18 @@ def even_sharding(key: str, spec: str, shape: Sequence[int]) -> NamedSharding:
 def ask(node, key: str, spec: str) -> None:
     """Remember that data leaf ``node`` is laid out as ``named_sharding(key, spec)``, which its buffer cannot be."""
     _asked[node] = (key, spec)
+
+
+def relaid(node) -> None:
+    """Remember that data leaf ``node`` holds another leaf's buffer laid out anew (``lazyxla.spmd.mark_sharding`` of
+    computed data): device data made from device data without a program (whole-step capture refuses to take such
+    a leaf made inside a step for a constant: ``lazy/capture.py``)."""
+    _relaid.add(node)
+
+
+def is_relaid(node) -> bool:
+    """Whether data leaf ``node`` was made by laying out another one anew (``relaid``)."""
+    return node in _relaid
 
 
 def asked(node) -> tuple:

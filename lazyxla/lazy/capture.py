@@ -32,19 +32,33 @@ which location each result was put in (the same tensor changed in place, a new t
 numbers the program takes, the random keys it draws, and the *guards*: what the call started from (argument
 shapes, dtypes and numbers; grad mode, autocast, config; each module's ``training`` flag, parameters, buffers
 and hooks; each optimizer's hyperparameters, parameters and state entries, with the values of CPU numbers in
-its state; which parameters had a gradient; the numbers the step function reads from its closure and globals).
+its state; which parameters had a gradient; the numbers, and the SPMD meshes (by key), that the step function
+reads from its closure and globals).
 
 A candidate equal in everything to the previous recorded call's is *verified*: two recordings from the same
 guards gave the same program with the same numbers, so the step's Python computed nothing that changes from
 call to call. From then on a call whose guards equal the verified ones is replayed (``_Entry.replay``); one
-whose guards differ is recorded, which counts ``capture_guard_misses``, and may become a second entry.
+whose guards differ is recorded, which counts ``capture_guard_misses``, and may become a second entry. A call
+whose guards equal an entry's but whose inputs the replay finds otherwise (``capture_input_misses``) is recorded,
+and once it verifies, its step replaces that entry. ``.capture_status`` keeps why a call was recorded until the
+step verifies again.
+
+SPMD (``lazyxla.spmd``, one process): the program takes its inputs in the layouts it was built for (its key
+holds them, ``meshes.layouts``: canonical, with an uneven split that a leaf asks for). A replay checks each
+input's layout against the verified call's, except the buffers the previous replay made (the program's outputs,
+in the layouts the verified calls read back); a different one (a weight laid out anew with ``mark_sharding``, a
+batch annotated otherwise) is recorded, saying "an input's sharding differs". The packed numbers and random keys
+are sent to every device, as a recorded sync sends them; results split unevenly remember their layout as a
+sync's do (``graph.output_leaves``), and a quiet replay keeps each reused node's.
 
 What stops a call from being captured (the reason is in ``.capture_status``, counted as ``capture_refusals``):
 a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
 a known location (a tensor in a list: make it a buffer or an argument), a result kept anywhere else, a CPU
-tensor argument, a multi-process run, an SPMD program. Python numbers that change every call (a CPU step
-counter, SGD's learning rate under a scheduler) make every candidate differ, so such steps are recorded every
-time: correct, not faster.
+tensor argument, a multi-process run (replicas, or SPMD over several processes), a ``mark_sharding`` or
+``clear_sharding`` of device data inside the step (annotate the arguments, parameters and buffers before the
+call; annotating a pending value inside the step is a constraint in the program, and replays). Python numbers
+that change every call (a CPU step counter, SGD's learning rate under a scheduler) make every candidate differ,
+so such steps are recorded every time: correct, not faster.
 
 Optimizers: as ``torch.compile`` does for an optimizer step it compiles, optimizers that offer ``capturable``
 are switched to ``capturable=True`` (their step counters move to the device), so their bias corrections are
@@ -83,7 +97,7 @@ import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 
 from lazyxla import torch_private
-from lazyxla.device import devices, processes
+from lazyxla.device import devices, meshes, processes
 from lazyxla.ir import Leaf, leaf
 from lazyxla.lazy import graph, known, rng
 from lazyxla.lazy.session import session
@@ -160,8 +174,6 @@ def _build(world: World, start: _Start, ran: list, flat: list, out) -> _Candidat
         )
     if processes.process_count() > 1 or ran[0].compiled.replicas is not None:
         raise NotCapturable("capture runs in single-process runs only")
-    if ran[0].compiled.spmd:  # (its layouts and uneven splits are not replayed yet: recorded, never guessed)
-        raise NotCapturable("capture does not replay SPMD programs yet (lazyxla.spmd): each call is recorded")
     r = ran[0]
     cand = _Candidate(r, start)
     cand.read_leaves(r, start)
@@ -191,6 +203,12 @@ class _Candidate:
                 name = start.named.get(id(n))
                 if name is not None:
                     self.inputs.append((pos, name, n.hash))
+                elif meshes.is_relaid(n):  # device data laid out anew inside the step: not a constant
+                    raise NotCapturable(
+                        "the step lays out a computed tensor anew (lazyxla.spmd.mark_sharding or clear_sharding of "
+                        "device data inside the step): annotate the arguments (e.g. DeviceLoader(input_sharding=...)), "
+                        "parameters and buffers before the call"
+                    )
                 elif id(n) in start.held:
                     raise NotCapturable(
                         f"the step reads a device tensor ({list(n.avals[0].shape)} {n.avals[0].dtype}) that is not an "
@@ -317,8 +335,9 @@ def _say(name: tuple) -> str:
 class _Entry:
     """A verified step: its program, and where its inputs come from and its results go."""
 
-    def __init__(self, cand: _Candidate) -> None:
+    def __init__(self, cand: _Candidate, signature: tuple) -> None:
         r = cand.ran
+        self.signature = signature  # (the verified calls' ``_Candidate.signature``)
         self.compiled, self.device = r.compiled, r.device
         self.made_by = f"an output of graph {graph.graph_id(r.key)} (replayed)"  # names the buffers in errors
         # per input: weak references to the (inner tensor, node) the last replay left in its location, or None
@@ -334,7 +353,11 @@ class _Entry:
         self.outputs_of = graph.outputs_of(r.roots, r.compiled)
         self.template = list(r.leaves)  # scalars and constants; inputs and keys are put in per call
         locs = cand.locations
-        self.inputs = [(pos, locs[name], h) for pos, name, h in cand.inputs]
+        # per input: (leaf position, location, node hash, layout): in SPMD the layout the program was built for
+        # (canonical, with an uneven split asked for: ``meshes.layouts``), else None
+        shaped = graph.key_layouts(r.key)
+        self.inputs = [(pos, locs[name], h, shaped and shaped[pos]) for pos, name, h in cand.inputs]
+        self.names = [name for _, name, _ in cand.inputs]  # (to say which input a replay missed at)
         for pos, _, _ in cand.inputs:
             self.template[pos] = None
         self.keys = cand.keys
@@ -407,7 +430,7 @@ class _Entry:
         metrics.inc("executions")
         metrics.inc("capture_replays")
         session.replays += 1
-        metrics.inc("device_buffers", len(outs))
+        metrics.inc("device_buffers", devices.buffers(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
         if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
             out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
@@ -446,7 +469,7 @@ class _Entry:
         LazyTensor and node it left there), which need no check."""
         ff = _from_functional
         ours = set()
-        for k, (pos, loc, h) in enumerate(self.inputs):
+        for k, (pos, loc, h, layout) in enumerate(self.inputs):
             t = loc.get(flat)
             if t is None:
                 return _miss("an input location holds no tensor")
@@ -462,6 +485,8 @@ class _Entry:
             n = lt._value[0]
             if n.op is not _DATA or n.hash != h:
                 return _miss("an input is pending, or not of the shape, dtype and layout the program takes")
+            if layout is not None and meshes.layout_key(n) != layout:  # (a node's hash does not hold its layout)
+                return _miss(f"an input's sharding differs from the verified call's ({_say(self.names[k])})")
             leaves[pos] = n
             inner[k] = lt
         return ours
@@ -489,6 +514,8 @@ class _Entry:
         packed = self.packed
         if self.keys:
             packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
+        if compiled.spmd:  # global arguments: the same numbers on every device (as graph.arguments sends them)
+            return data + devices.send(packed, self.device) if packed else data
         return data + devices.passed(packed)
 
     def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):
@@ -607,6 +634,7 @@ class StepCapture:
     def __call__(self, region, args: tuple, kwargs: dict):
         flat, spec = flatten((args, kwargs))
         world = self.world
+        missed = ""  # why this call, from a known world, is recorded rather than replayed
         if world is not None and self.entries:
             entry = self.entries.get(world.guards(flat, spec, self.fn))
             if entry is not None:
@@ -614,13 +642,13 @@ class StepCapture:
                 if out is not MISS:
                     session.new_epoch()
                     return out
-                self.status = f"recorded this call: {session.last_miss}"
+                missed = self.status = f"recorded this call: {session.last_miss}"
             else:
-                self.status = "recorded this call: its guards differ from every verified step's"
+                missed = self.status = "recorded this call: its guards differ from every verified step's"
             metrics.inc("capture_guard_misses")
-        return self._record(region, args, kwargs, flat, spec)
+        return self._record(region, args, kwargs, flat, spec, missed)
 
-    def _record(self, region, args, kwargs, flat, spec):
+    def _record(self, region, args, kwargs, flat, spec, missed: str = ""):
         metrics.inc("capture_records")
         for entry in self.entries.values():  # their caches hold tensors, which would keep buffers from donation
             entry.forget()
@@ -660,28 +688,34 @@ class StepCapture:
         self.world = world
         if start is not None:
             try:
-                self._verify(_build(world, start, ran, flat, out))
+                self._verify(_build(world, start, ran, flat, out), missed)
                 return out
             except NotCapturable as e:
                 why = str(e)
         self._refused(why)
         return out
 
-    def _verify(self, cand: _Candidate) -> None:
+    def _verify(self, cand: _Candidate, missed: str = "") -> None:
+        """Keep ``cand``'s signature, or make it an entry when the last recorded call from its guards had the same;
+        ``missed``: why this call was recorded rather than replayed (kept in the status until it verifies)."""
         sig = cand.signature()
         last = self.last.get(cand.guards)
         if last == sig:
-            if cand.guards not in self.entries:
-                if len(self.entries) >= _MAX_ENTRIES:
+            entry = self.entries.get(cand.guards)
+            # a verified entry from the same guards that differs (an input laid out anew, a .data swap: what a
+            # replay checks beyond the guards) is replaced: the step now runs this one
+            if entry is None or entry.signature != sig:
+                if entry is None and len(self.entries) >= _MAX_ENTRIES:
                     self.entries.pop(next(iter(self.entries)))
-                self.entries[cand.guards] = _Entry(cand)
+                self.entries[cand.guards] = _Entry(cand, sig)
                 metrics.inc("capture_verified")
             self.status = "replaying"
         else:
             self.last[cand.guards] = sig
             while len(self.last) > _MAX_ENTRIES:
                 self.last.pop(next(iter(self.last)))
-            self.status = "recorded once from these guards: the next equal call verifies it"
+            then = "recorded once from these guards: the next equal call verifies it"
+            self.status = f"{missed}; {then}" if missed else then
 
     def _refused(self, why: str) -> None:
         self.status = f"recorded, not captured: {why}"

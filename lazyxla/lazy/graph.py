@@ -183,6 +183,12 @@ def _key(device: int, roots, leaves, events, donate) -> tuple:
     )
 
 
+def key_layouts(key: tuple) -> tuple | None:
+    """The layouts of the leaves (by position, canonical: ``meshes.layouts``) a program's key (``_key``) was made
+    for, in SPMD mode; None outside it."""
+    return key[5]
+
+
 def prepare(values: list[tuple]) -> bool:
     """Build (compile, or load from disk) the program of the nodes of the IR ``values`` alone, their inputs as its
     parameters: nothing runs and no tensor changes. Returns whether a program was built (False: the cache held it).

@@ -17,6 +17,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device import devices
+from lazyxla.device.meshes import Mesh
 from lazyxla.lazy import rng
 
 _parameters = torch_private.module_parameters
@@ -292,20 +293,28 @@ def unflatten(values: list, spec):
 
 
 def _closure_numbers(fn) -> list:
-    """The numbers the step function reads from its closure cells and its module's globals."""
+    """The numbers the step function reads from its closure cells and its module's globals, and the SPMD meshes
+    it reads there (by key: a sharding constraint the step records names its mesh)."""
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    out = [(type(c.cell_contents), c.cell_contents) for c in (fn.__closure__ or ()) if _cell_number(c)]
+    out = [_guarded(c.cell_contents) for c in (fn.__closure__ or ()) if _cell_guarded(c)]
     glob = fn.__globals__
-    out += [(name, glob[name]) for name in code.co_names if type(glob.get(name)) in NUMBERS[:4]]
+    out += [(name, _guarded(glob[name])) for name in code.co_names if type(glob.get(name)) in _GUARDED]
     return out
 
 
-def _cell_number(cell) -> bool:
+_GUARDED = (*NUMBERS[:4], Mesh)
+
+
+def _guarded(v) -> tuple:
+    return ("mesh", v.key) if type(v) is Mesh else (type(v), v)
+
+
+def _cell_guarded(cell) -> bool:
     try:
-        return type(cell.cell_contents) in NUMBERS[:4]
+        return type(cell.cell_contents) in _GUARDED
     except ValueError:  # an empty cell
         return False
 

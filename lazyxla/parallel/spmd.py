@@ -216,6 +216,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torc
         even = meshes.even_spec(mesh, spec, tuple(t.shape))
         out = leaf(Leaf.DATA, devices.relayout(node.payload, mesh.sharding(even)), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.mark_sharding at {user_frame()}"
+        meshes.relaid(out)
         if even != spec:  # split unevenly: the buffer keeps the even layout, the leaf the one asked for
             meshes.ask(out, mesh.key, json.dumps(spec))
         rebind(t, lt, (out, 0))
@@ -238,6 +239,7 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     if node.op is Leaf.DATA:
         out = leaf(Leaf.DATA, devices.relayout(node.payload, devices.replicated()), node.avals[0], node.device)
         out.source = f"laid out by lazyxla.spmd.clear_sharding at {user_frame()}"
+        meshes.relaid(out)
         rebind(t, lt, (out, 0))
     elif node.op is ops.shard.default:
         rebind(t, lt, node.inputs[0])
