@@ -97,8 +97,9 @@ import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 
 from lazyxla import torch_private
+from lazyxla.config import config
 from lazyxla.device import devices, meshes, processes
-from lazyxla.ir import Leaf, leaf
+from lazyxla.ir import Leaf, digest, leaf
 from lazyxla.lazy import graph, known, rng
 from lazyxla.lazy.session import session
 from lazyxla.lazy.step_world import NUMBERS, NotCapturable, World, flatten, is_lazyxla, make_capturable, unflatten
@@ -172,8 +173,8 @@ def _build(world: World, start: _Start, ran: list, flat: list, out) -> _Candidat
             f"the step ran {len(ran)} programs: it reads values on the host (.item(), .cpu(), print) or syncs "
             "inside, so it is not one program"
         )
-    if processes.process_count() > 1 or ran[0].compiled.replicas is not None:
-        raise NotCapturable("capture runs in single-process runs only")
+    if ran[0].compiled.spmd and processes.process_count() > 1:
+        raise NotCapturable("capture does not replay SPMD programs over several processes yet")
     r = ran[0]
     cand = _Candidate(r, start)
     cand.read_leaves(r, start)
@@ -374,6 +375,9 @@ class _Entry:
         # how many tensors held each donated input when the verified call started: a replay's are held as often
         self.holders = [cand.held[id(r.leaves[pos])] for pos in self.donated]
         self.avals = [m.avals[0] for m in r.made]
+        # a program over the replicas: its name in every process (``ir.digest``), which the processes agree on
+        # before each replay (``_Agreement``)
+        self.program = digest(None, r.leaves, r.roots, size=8) if r.compiled.replicas is not None else None
         self._reuse_plan()
 
     def _reuse_plan(self) -> None:
@@ -393,10 +397,11 @@ class _Entry:
         self.fresh_outputs = [self.outputs_of[j] for j in self.fresh]
         self.other_writes = [w for w in self.writes if w[2] not in reused]
 
-    def replay(self, flat: list):
+    def replay(self, flat: list, agree: _Agreement | None = None):
         """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
         is not device data of the shape, dtype and layout the program was built for, or a buffer it would take
-        over is still held elsewhere."""
+        over is still held elsewhere, or (``agree``: a program over the replicas) another process records this
+        call."""
         # Quiet: no op touched the tensors this entry's last replay changed in place, and no other replay ran; so
         # no view of them was read since and no op made another holder of their buffers. Busy: something was
         # recorded meanwhile (a loss accumulator, a scheduler's fill): it runs first, and the buffers the program
@@ -415,13 +420,15 @@ class _Entry:
         busy = busy or (quiet and len(ours) < self.written_inputs)
         if self.donated and (busy or not quiet) and not _free(leaves, self.donated, self.holders):
             return _miss("a buffer the program takes over is still held elsewhere")
+        if agree is not None and not agree(self.program):  # nothing changed yet: the call can still be recorded
+            return _miss(_ELSEWHERE)
         counter = rng.get_state()[1]
         for pos, offset in self.keys:
             leaves[pos] = rng.key_leaf(counter + offset, self.device)
         rng.advance(self.drawn)
         args = self._arguments(leaves, ours)
         try:
-            outs = graph.launch(self.compiled, args, ())
+            outs = graph.launch(self.compiled, args, self.avals)
         except BaseException as e:
             _lost(leaves, self.donated, e)
             raise
@@ -499,24 +506,25 @@ class _Entry:
 
     def _arguments(self, leaves: list, ours: set) -> list:
         """The program's arguments. The buffers the previous replay made (``ours``) are what the program returns,
-        so only the others are checked against what it takes (``Compiled.check_arguments``: a mismatched buffer
+        so only the others are checked against what it takes (``Compiled.check_argument``: a mismatched buffer
         given to XLA can abort the process); the packed Python numbers are the verified call's."""
         compiled = self.compiled
-        data = []
-        for k, i in enumerate(compiled.layout.data):
-            n = leaves[i]
-            if id(n) in ours:
-                data.append(n._payload)
-                continue
-            a = graph.payload_of(n)
-            compiled.check_argument(k, a, leaves)
-            data.append(a)
+        data = compiled.layout.data
+        replicas = compiled.replicas
+        args = [leaves[i]._payload if id(leaves[i]) in ours else graph.payload_of(leaves[i]) for i in data]
         packed = self.packed
         if self.keys:
             packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
+        if replicas is not None:  # this process's blocks of the global arguments (as graph.arguments sends them)
+            args = replicas.globalize(args + packed)
+        for k, i in enumerate(data):
+            if id(leaves[i]) not in ours:
+                compiled.check_argument(k, args[k], leaves)
+        if replicas is not None:
+            return args
         if compiled.spmd:  # global arguments: the same numbers on every device (as graph.arguments sends them)
-            return data + devices.send(packed, self.device) if packed else data
-        return data + devices.passed(packed)
+            return args + devices.send(packed, self.device) if packed else args
+        return args + devices.passed(packed)
 
     def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):
         """Put the results ``made`` where ``writes`` say; ``cache`` (kept as the next replay's) learns where
@@ -620,6 +628,40 @@ def _lost(leaves: list, donated: tuple, error: BaseException) -> None:
             set_value(lt, (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0))
 
 
+_ELSEWHERE = "another process records this call (its guards or inputs differ there), so every process records it"
+
+
+class _Agreement:
+    """Whether every process replays this call of a step whose program spans the replicas: a replay in one process
+    while another records would run the program's collectives against other ones (a hang, or wrong numbers).
+
+    Every call of such a step meets the other processes' same call once (``processes.rendezvous``, over jax's
+    coordination service: host messages, nothing waits for the device). Each process says which program it is
+    about to replay, or that it records; the call is replayed only when all name the same program. Why every
+    process takes part in every call: the processes call a step with collectives in lockstep (each call runs
+    them), and whether the step spans the replicas is learnt from its first call, which every process records, so
+    every process meets the same calls in the same order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = False
+
+    def __call__(self, program: str | None) -> bool:
+        """Say this process replays ``program`` (None: records); whether every process replays it."""
+        self.done = True
+        mine = f"replay {program}" if program is not None else "record"
+        try:
+            said = processes.rendezvous("lazyxla capture", f"{mine} {self.name}".encode())
+        except processes.DistributedError as e:
+            raise processes.DistributedError(
+                f"lazyxla.compile(capture=True) of {self.name}: process {processes.process_index()} called the "
+                f"step, whose program has collectives, and another process did not within "
+                f"{config.distributed_timeout_s} s. Every process must call such a step the same number of times, "
+                "in the same order"
+            ) from e
+        return program is not None and all(p.decode() == f"{mine} {self.name}" for p in said)
+
+
 class StepCapture:
     """Capture and replay for one ``lazyxla.compile(fn, capture=True)`` function (see the module docstring)."""
 
@@ -630,15 +672,17 @@ class StepCapture:
         self.last: dict[tuple, tuple] = {}  # guards -> the signature of the last recorded call from them
         self.status = "not called yet"
         self._warned = False
+        self.spans = False  # its program spans the replicas (collectives in a multi-process run): _Agreement
 
     def __call__(self, region, args: tuple, kwargs: dict):
         flat, spec = flatten((args, kwargs))
         world = self.world
         missed = ""  # why this call, from a known world, is recorded rather than replayed
+        agree = _Agreement(getattr(self.fn, "__qualname__", "the step")) if self.spans else None
         if world is not None and self.entries:
             entry = self.entries.get(world.guards(flat, spec, self.fn))
             if entry is not None:
-                out = entry.replay(flat)
+                out = entry.replay(flat, agree)
                 if out is not MISS:
                     session.new_epoch()
                     return out
@@ -646,6 +690,8 @@ class StepCapture:
             else:
                 missed = self.status = "recorded this call: its guards differ from every verified step's"
             metrics.inc("capture_guard_misses")
+        if agree is not None and not agree.done:  # this process records: the others must know
+            agree(None)
         return self._record(region, args, kwargs, flat, spec, missed)
 
     def _record(self, region, args, kwargs, flat, spec, missed: str = ""):
@@ -682,6 +728,8 @@ class StepCapture:
             for h in hooks:
                 h.remove()
             session.observers.remove(ran.append)
+        # (every process records a step's first call, and runs the same programs in a recorded call)
+        self.spans = self.spans or any(r.compiled.replicas is not None for r in ran)
         world = World(list(modules.values()), list(optimizers.values()), self.fn)
         if start is not None and not world.same_as(self.world):
             start, why = None, "it called other modules or optimizers than in its previous call"

@@ -95,7 +95,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         tensors = None  # noqa: F841  (the traceback keeps this frame: it must not keep the tensors alive)
         raise
     try:
-        outs = launch(compiled, args, roots)
+        outs = launch(compiled, args, [m.avals[i] for m, i in roots])
     except BaseException as e:
         _failed_while_running(tensors, order, leaves, compiled, e, device)
         tensors = args = None  # noqa: F841  (as above)
@@ -126,12 +126,13 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
         observe(Ran(key, compiled, leaves, roots, made, device))
 
 
-def launch(compiled, args: list, roots: list) -> list:
-    """Run a compiled program on its checked arguments; its output arrays, one per root (this process's)."""
+def launch(compiled, args: list, avals: list) -> list:
+    """Run a compiled program on its checked arguments; its output arrays, one per root (``avals``: theirs), this
+    process's blocks of them in a program over the replicas."""
     with metrics.timer("execute"), x64():
         outs = compiled.executable(*args)
     if compiled.replicas is not None:
-        outs = compiled.replicas.localize(outs, [m.avals[i] for m, i in roots])
+        outs = compiled.replicas.localize(outs, avals)
     return outs
 
 
