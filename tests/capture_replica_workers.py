@@ -79,7 +79,9 @@ def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None)
 
     run = lazyxla.compile(step, capture=captured)
     lazyxla.metrics.reset()
-    losses, statuses, replayed, host_ms, cpu_ms = [], [], [], [], []
+    from lazyxla.lazy.session import session
+
+    losses, statuses, replayed, host_ms, cpu_ms, misses = [], [], [], [], [], []
     for i, (x, y) in enumerate(_batches(rank, steps)):
         scale = 0.5 if (i == asym_at and rank == 1) else 1.0
         xb, yb = x.to(dev), y.to(dev)
@@ -87,7 +89,10 @@ def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None)
         loss = run(xb, yb, scale)
         host_ms.append((time.perf_counter() - started) * 1e3)
         cpu_ms.append((time.thread_time() - cpu) * 1e3)
+        # (the status says why a call was recorded until the step verifies again, which rank 0's recorded call does
+        # at once: the last replay's miss is kept in the session)
         statuses.append(run.capture_status if captured else None)
+        misses.append(session.last_miss)
         replayed.append(lazyxla.metrics.counters().get("capture_replays", 0) > sum(replayed))
         losses.append(loss.item())
     counters = lazyxla.metrics.counters()
@@ -98,7 +103,40 @@ def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None)
         "refusals": counters.get("capture_refusals", 0),
         "compiles": counters.get("compiles", 0),
         "statuses": statuses,
+        "misses": misses,
         "replayed": replayed,
         "host_ms": host_ms,
         "cpu_ms": cpu_ms,
     }
+
+
+def one_call_more(rank: int, steps: int = 5) -> dict:
+    """Train ``steps`` captured steps in both ranks; then rank 0 alone calls the step once more, as a bug in a loop
+    would (in lazy mode its program's collectives would wait for rank 1 for good). Returns what that call raised
+    and how long it took."""
+    import lazyxla
+    from lazyxla.device import processes
+
+    dev = lazyxla.device()
+    model, net, opt = _model_and_optimizer(rank, "optimizer_step")
+
+    def step(x, y):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        lazyxla.optimizer_step(opt)
+
+    run = lazyxla.compile(step, capture=True)
+    batches = [(x.to(dev), y.to(dev)) for x, y in _batches(rank, steps)]
+    for x, y in batches:
+        run(x, y)
+    replays = lazyxla.metrics.counters().get("capture_replays", 0)
+    if rank:
+        return {"replays": replays}
+    lazyxla.config.distributed_timeout_s = 5
+    started = time.perf_counter()
+    try:
+        run(*batches[0])
+        error = None
+    except processes.DistributedError as e:
+        error = str(e)
+    return {"replays": replays, "error": error, "seconds": time.perf_counter() - started}

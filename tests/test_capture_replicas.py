@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
 import torch
 
 import lazyxla
@@ -42,8 +41,8 @@ def _host_figure(mode: str, lazy: dict, captured: dict) -> str:
     )
 
 
-@pytest.mark.parametrize("mode", ["optimizer_step", "ddp"])
-def test_captured_replica_training_equals_lazy_mode_on_every_rank(mode):
+def test_captured_replica_training_equals_lazy_mode_on_every_rank():
+    mode = "optimizer_step"
     runs = _run(mode)
     for lazy, captured in runs:
         _assert_identical(lazy, captured)
@@ -66,7 +65,32 @@ def test_a_guard_that_differs_on_one_rank_records_that_call_on_every_rank():
         assert captured["replayed"][3:at] == [True] * (at - 3), captured["replayed"]
         assert captured["replayed"][at] is False, captured["replayed"]
         assert captured["replayed"][-2:] == [True, True], captured["replayed"]
-        want = "its guards differ from every verified step's" if rank else "another process records this call"
-        assert want in captured["statuses"][at], captured["statuses"]
+        if rank:
+            assert "its guards differ from every verified step's" in captured["statuses"][at], captured["statuses"]
+        else:  # its recorded call is its verified step again: it replays from the next call on
+            assert captured["misses"][at].startswith("another process records this call"), captured["misses"]
+            assert captured["statuses"][at] == "replaying", captured["statuses"]
     # the calls after the change: rank 1's guards are the verified ones again, so both replay at once
     assert runs[0][1]["replayed"] == runs[1][1]["replayed"]
+
+
+def test_a_distributed_data_parallel_step_is_recorded_and_says_why():
+    """DDP's reducer keeps its gradient buckets (device tensors) in C++ between steps; the step reads them, so a
+    replay could not find them: every call is recorded on every rank, equal to lazy mode, and the status names
+    DDP and what to use instead."""
+    for lazy, captured in _run("ddp"):
+        _assert_identical(lazy, captured)
+        assert captured["replays"] == 0
+        assert "the step runs DistributedDataParallel, whose gradient buckets" in captured["statuses"][-1]
+        assert "lazyxla.optimizer_step(opt)" in captured["statuses"][-1]
+
+
+def test_a_call_that_another_rank_does_not_make_raises_in_bounded_time():
+    """Rank 0 calls the replayed step once more than rank 1: the call waits for rank 1's agreement, not in the
+    program's collectives, and raises a named error after ``config.distributed_timeout_s`` (5 s here)."""
+    first, second = lazyxla.spawn(W.one_call_more, nprocs=2, timeout_s=200)
+    assert first["replays"] == second["replays"] == 2  # calls 4 and 5 replayed
+    assert first["error"] is not None and "every process must call such a step the same number of times" in (
+        first["error"].lower()
+    ), first["error"]
+    assert first["seconds"] < 60, first["seconds"]
