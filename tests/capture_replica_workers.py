@@ -27,7 +27,7 @@ def _batches(rank: int, n: int) -> list:
 
 
 def compare(rank: int, mode: str, steps: int, asym_at: int | None = None) -> dict:
-    """``train`` in lazy mode, then captured, in this rank (``mode``: 'optimizer_step' or 'ddp')."""
+    """``train`` in lazy mode, then captured, in this rank (``mode``: 'optimizer_step', 'groups' or 'ddp')."""
     import torch.distributed as dist
 
     if mode == "ddp":
@@ -60,12 +60,14 @@ def _model_and_optimizer(rank: int, mode: str):
 
 def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None) -> dict:
     """Train ``steps`` steps; ``asym_at``: at that call, rank 1 alone passes another loss scale (a Python number, so
-    its guards differ from rank 0's). Returns the losses (every rank's mean, all-reduced inside the step), the
-    parameters after the last step, the capture counters and statuses, and host ms per call."""
+    its guards differ from rank 0's), or in mode 'groups' every rank's replica groups change. Returns the losses
+    (every rank's mean, all-reduced inside the step), the parameters after the last step, the capture counters,
+    statuses and misses, and host ms per call."""
     import lazyxla
 
     dev = lazyxla.device()
     model, net, opt = _model_and_optimizer(rank, mode)
+    groups = [[0, 1]]  # ('groups': the replica groups of the gradients' all-reduce, changed in place at asym_at)
 
     def step(x, y, scale):
         opt.zero_grad()
@@ -73,6 +75,9 @@ def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None)
         (loss * scale).backward()
         if mode == "ddp":
             opt.step()  # DDP's hooks all-reduced the gradients
+        elif mode == "groups":
+            lazyxla.reduce_gradients(opt, groups=groups)
+            opt.step()
         else:
             lazyxla.optimizer_step(opt)  # gradients averaged over the replicas, then the step
         return lazyxla.all_reduce(lazyxla.ReduceOp.SUM, loss.detach(), scale=0.5)  # the replicas' mean loss
@@ -83,7 +88,9 @@ def train(rank: int, mode: str, captured: bool, steps: int, asym_at: int | None)
 
     losses, statuses, replayed, host_ms, cpu_ms, misses = [], [], [], [], [], []
     for i, (x, y) in enumerate(_batches(rank, steps)):
-        scale = 0.5 if (i == asym_at and rank == 1) else 1.0
+        scale = 0.5 if (i == asym_at and rank == 1 and mode != "groups") else 1.0
+        if i == asym_at and mode == "groups":
+            groups[:] = [[0], [1]]  # every rank: each averages its own gradients from now on
         xb, yb = x.to(dev), y.to(dev)
         started, cpu = time.perf_counter(), time.thread_time()
         loss = run(xb, yb, scale)

@@ -94,3 +94,15 @@ def test_a_call_that_another_rank_does_not_make_raises_in_bounded_time():
         first["error"].lower()
     ), first["error"]
     assert first["seconds"] < 60, first["seconds"]
+
+
+def test_changed_replica_groups_record_again_and_equal_lazy_mode():
+    """The step all-reduces its gradients over the replica groups in a list of its closure; changing that list in
+    place (each rank alone from call 5 on) is a changed guard: both ranks record, then replay the new program."""
+    at = 5
+    for lazy, captured in _run("groups", asym_at=at):
+        _assert_identical(lazy, captured)
+        assert captured["replayed"][3:at] == [True] * (at - 3), captured["replayed"]
+        assert "its guards differ from every verified step's" in captured["statuses"][at], captured["statuses"]
+        assert captured["replayed"][at : at + 2] == [False, False], captured["replayed"]  # record, verify
+        assert captured["replayed"][at + 2 :] == [True] * (STEPS - at - 2), captured["replayed"]

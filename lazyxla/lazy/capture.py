@@ -51,10 +51,19 @@ batch annotated otherwise) is recorded, saying "an input's sharding differs". Th
 are sent to every device, as a recorded sync sends them; results split unevenly remember their layout as a
 sync's do (``graph.output_leaves``), and a quiet replay keeps each reused node's.
 
+Replicas (several processes, collectives in the step: ``lazyxla.optimizer_step``, ``all_reduce``): the program
+spans the replicas, so a replay passes this process's blocks of its global arguments and takes back its own block
+of each result (``replicas.globalize``/``localize``, as a recorded sync). A replay in one process while another
+records would run the program's collectives against other ones, so every call of such a step is agreed among the
+processes (``_Agreement``, ``processes.meet``): it is replayed only when every process replays the same program,
+else every process records it ("another process records this call"). The process count and index, and lists of
+integers the step reads from its closure and globals (replica groups), are guards.
+
 What stops a call from being captured (the reason is in ``.capture_status``, counted as ``capture_refusals``):
 a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
 a known location (a tensor in a list: make it a buffer or an argument), a result kept anywhere else, a CPU
-tensor argument, a multi-process run (replicas, or SPMD over several processes), a ``mark_sharding`` or
+tensor argument, SPMD over several processes, a step through DistributedDataParallel (its reducer keeps its
+gradient buckets, which the step reads, in C++: use ``lazyxla.optimizer_step`` instead), a ``mark_sharding`` or
 ``clear_sharding`` of device data inside the step (annotate the arguments, parameters and buffers before the
 call; annotating a pending value inside the step is a constraint in the program, and replays). Python numbers
 that change every call (a CPU step counter, SGD's learning rate under a scheduler) make every candidate differ,

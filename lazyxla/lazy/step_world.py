@@ -16,7 +16,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.config import config
-from lazyxla.device import devices
+from lazyxla.device import devices, processes
 from lazyxla.device.meshes import Mesh
 from lazyxla.lazy import rng
 
@@ -187,6 +187,9 @@ class World:
             torch.get_autocast_dtype(dev),
             config.compile_key(),
             devices.spmd_enabled(),
+            # (fixed in a run; a verified step is this process's, built for this world size and rank)
+            processes.process_count(),
+            processes.process_index(),
             rng.get_state()[0],
         ]
         g += [_describe_argument(v) for v in flat]
@@ -293,28 +296,50 @@ def unflatten(values: list, spec):
 
 
 def _closure_numbers(fn) -> list:
-    """The numbers the step function reads from its closure cells and its module's globals, and the SPMD meshes
-    it reads there (by key: a sharding constraint the step records names its mesh)."""
+    """The numbers the step function reads from its closure cells and its module's globals, the SPMD meshes it
+    reads there (by key: a sharding constraint the step records names its mesh), and its lists of integers (by
+    value: the replica groups of its collectives, e.g. ``groups=[[0, 1], [2, 3]]``)."""
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
     out = [_guarded(c.cell_contents) for c in (fn.__closure__ or ()) if _cell_guarded(c)]
     glob = fn.__globals__
-    out += [(name, _guarded(glob[name])) for name in code.co_names if type(glob.get(name)) in _GUARDED]
+    out += [(name, _guarded(glob[name])) for name in code.co_names if _is_guarded(glob.get(name))]
     return out
 
 
 _GUARDED = (*NUMBERS[:4], Mesh)
+_MAX_GROUPS = 256  # integers in a list the guard compares by value (replica groups), at most
 
 
 def _guarded(v) -> tuple:
-    return ("mesh", v.key) if type(v) is Mesh else (type(v), v)
+    if type(v) is Mesh:
+        return ("mesh", v.key)
+    if type(v) in (list, tuple):
+        return ("groups", _groups(v))
+    return (type(v), v)
+
+
+def _groups(v):
+    """A list or tuple of integers, or of lists or tuples of integers (replica groups), as nested tuples; None for
+    anything else, or for more than ``_MAX_GROUPS`` integers."""
+    if type(v) not in (list, tuple) or len(v) > _MAX_GROUPS:
+        return None
+    if all(type(e) is int for e in v):
+        return tuple(v)
+    if not all(type(e) in (list, tuple) and all(type(i) is int for i in e) for e in v):
+        return None
+    return tuple(map(tuple, v)) if sum(map(len, v)) <= _MAX_GROUPS else None
+
+
+def _is_guarded(v) -> bool:
+    return type(v) in _GUARDED or (type(v) in (list, tuple) and _groups(v) is not None)
 
 
 def _cell_guarded(cell) -> bool:
     try:
-        return type(cell.cell_contents) in _GUARDED
+        return _is_guarded(cell.cell_contents)
     except ValueError:  # an empty cell
         return False
 
