@@ -100,3 +100,16 @@ def test_a_mesh_the_step_reads_is_guarded():
     # calls 5 and 6 record and verify the step from the new guards; call 7 replays it
     assert captured["replayed"] == [False, False, False, True, False, False, True], captured["replayed"]
     assert captured["statuses"][at].startswith("recorded this call: its guards differ from every verified step's")
+
+
+def test_captured_spmd_over_two_processes_equals_lazy_mode():
+    """Multi-process SPMD (2 processes x 4 devices, FSDP over the 8): every process runs each program, so each call
+    is agreed among the processes, as for replicas (tests/test_capture_replicas.py)."""
+    runs = lazyxla.spawn(W.compare, args=("fsdp", STEPS, None), nprocs=2, cpu_devices=4, timeout_s=280)
+    for out in runs:
+        lazy, captured = out["lazy"], out["captured"]
+        assert captured["devices"] == 8
+        _assert_identical(lazy, captured)
+        assert captured["replayed"][3:] == [True] * (STEPS - 3), captured["replayed"]
+        assert captured["compiles"] == 0
+    assert runs[0]["captured"]["losses"] == runs[1]["captured"]["losses"]

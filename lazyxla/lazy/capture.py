@@ -43,7 +43,7 @@ whose guards equal an entry's but whose inputs the replay finds otherwise (``cap
 and once it verifies, its step replaces that entry. ``.capture_status`` keeps why a call was recorded until the
 step verifies again.
 
-SPMD (``lazyxla.spmd``, one process): the program takes its inputs in the layouts it was built for (its key
+SPMD (``lazyxla.spmd``): the program takes its inputs in the layouts it was built for (its key
 holds them, ``meshes.layouts``: canonical, with an uneven split that a leaf asks for). A replay checks each
 input's layout against the verified call's, except the buffers the previous replay made (the program's outputs,
 in the layouts the verified calls read back); a different one (a weight laid out anew with ``mark_sharding``, a
@@ -51,18 +51,19 @@ batch annotated otherwise) is recorded, saying "an input's sharding differs". Th
 are sent to every device, as a recorded sync sends them; results split unevenly remember their layout as a
 sync's do (``graph.output_leaves``), and a quiet replay keeps each reused node's.
 
-Replicas (several processes, collectives in the step: ``lazyxla.optimizer_step``, ``all_reduce``): the program
-spans the replicas, so a replay passes this process's blocks of its global arguments and takes back its own block
-of each result (``replicas.globalize``/``localize``, as a recorded sync). A replay in one process while another
-records would run the program's collectives against other ones, so every call of such a step is agreed among the
-processes (``_Agreement``, ``processes.meet``): it is replayed only when every process replays the same program,
-else every process records it ("another process records this call"). The process count and index, and lists of
-integers the step reads from its closure and globals (replica groups), are guards.
+Replicas (several processes, collectives in the step: ``lazyxla.optimizer_step``, ``all_reduce``), and SPMD over
+several processes (every process runs each program): a replica program takes this process's blocks of its global
+arguments and gives back its own block of each result (``replicas.globalize``/``localize``, as a recorded sync).
+A replay in one process while another records would run the program's collectives against other ones, so every
+call of such a step is agreed among the processes (``_Agreement``, ``processes.meet``): it is replayed only when
+every process replays the same program, else every process records it ("another process records this call").
+The process count and index, and lists of integers the step reads from its closure and globals (replica groups),
+are guards.
 
 What stops a call from being captured (the reason is in ``.capture_status``, counted as ``capture_refusals``):
 a host read or another sync inside the step (it is several programs), a read of a device tensor that is not in
 a known location (a tensor in a list: make it a buffer or an argument), a result kept anywhere else, a CPU
-tensor argument, SPMD over several processes, a step through DistributedDataParallel (its reducer keeps its
+tensor argument, a step through DistributedDataParallel (its reducer keeps its
 gradient buckets, which the step reads, in C++: use ``lazyxla.optimizer_step`` instead), a ``mark_sharding`` or
 ``clear_sharding`` of device data inside the step (annotate the arguments, parameters and buffers before the
 call; annotating a pending value inside the step is a constraint in the program, and replays). Python numbers
@@ -182,8 +183,6 @@ def _build(world: World, start: _Start, ran: list, flat: list, out) -> _Candidat
             f"the step ran {len(ran)} programs: it reads values on the host (.item(), .cpu(), print) or syncs "
             "inside, so it is not one program"
         )
-    if ran[0].compiled.spmd and processes.process_count() > 1:
-        raise NotCapturable("capture does not replay SPMD programs over several processes yet")
     r = ran[0]
     cand = _Candidate(r, start)
     cand.read_leaves(r, start, world)
@@ -399,7 +398,7 @@ class _Entry:
         self.avals = [m.avals[0] for m in r.made]
         # a program over the replicas: its name in every process (``ir.digest``), which the processes agree on
         # before each replay (``_Agreement``)
-        self.program = digest(None, r.leaves, r.roots, size=8) if r.compiled.replicas is not None else None
+        self.program = digest(None, r.leaves, r.roots, size=8) if _spans(r.compiled) else None
         self._reuse_plan()
 
     def _reuse_plan(self) -> None:
@@ -650,6 +649,11 @@ def _lost(leaves: list, donated: tuple, error: BaseException) -> None:
             set_value(lt, (leaf(Leaf.ERROR, why, lt._aval, lt._value[0].device), 0))
 
 
+def _spans(compiled) -> bool:
+    """Whether a program runs in every process at once: over the replicas, or SPMD over several processes."""
+    return compiled.replicas is not None or (compiled.spmd and processes.process_count() > 1)
+
+
 _ELSEWHERE = "another process records this call (its guards or inputs differ there), so every process records it"
 
 
@@ -752,7 +756,7 @@ class StepCapture:
                 h.remove()
             session.observers.remove(ran.append)
         # (every process records a step's first call, and runs the same programs in a recorded call)
-        self.spans = self.spans or any(r.compiled.replicas is not None for r in ran)
+        self.spans = self.spans or any(_spans(r.compiled) for r in ran)
         world = World(list(modules.values()), list(optimizers.values()), self.fn)
         if start is not None and not world.same_as(self.world):
             start, why = None, "it called other modules or optimizers than in its previous call"
