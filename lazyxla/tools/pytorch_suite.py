@@ -407,6 +407,9 @@ def markdown(data: dict) -> str:
     if crashed:
         lines += ["", "Crashes and hangs (the test is recorded, and the rest of its file runs in a new process):", ""]
         lines += [f"- `{nid}`: {t.get('signal', t['outcome'])}" for nid, t in crashed]
+    found = causes(rows)
+    if not found:
+        return "\n".join([*lines, "", "Failure causes: none (every failure fails on CPU too)."])
     lines += [
         "",
         "Failure causes (failures that pass on CPU, grouped by their normalised error):",
@@ -414,7 +417,7 @@ def markdown(data: dict) -> str:
         "| cause | tests | e.g. |",
         "| --- | ---: | --- |",
     ]
-    lines += [f"| {_cell(k)} | {n} | `{ex}` |" for k, n, ex in causes(rows)]
+    lines += [f"| {_cell(k)} | {n} | `{ex}` |" for k, n, ex in found]
     return "\n".join(lines)
 
 
