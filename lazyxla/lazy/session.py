@@ -12,9 +12,13 @@ One per process, not per device: a sync computes every device's pending work and
 Threads. The main thread records; a ``DeviceLoader``'s thread uploads batches (each upload makes a LazyTensor);
 autograd's engine records a backward pass on a thread of its own. The policy (docs/architecture.md, "Threads"):
 
-- counters that more than one thread changes (``made``, ``recorded``, the watch's ``touched``) change under the
-  session's ``lock``: a lost increment could make a replay take its quiet path past a new holder of a buffer it
-  donates (``lazy/capture.py``);
+- a count whole-step capture trusts is changed by one thread only: ``recorded`` (LazyTensors made from existing
+  values) is counted by the recording thread, since the only tensors another thread makes, a DeviceLoader's uploads,
+  are ``fresh`` and leave it alone. (Counted as made minus fresh, two counters an upload bumped apart, an upload
+  halfway on the loader's thread hid a recorded tensor, and a replay took its quiet path past a new holder of a
+  buffer it donates.) ``made`` is counted by every thread, without a lock: it only tells a host read whether
+  anything was made since the last one, and a count lost to a race defers left-over work to the next read. The
+  replay watch (``watched``, ``touched``) changes under the session's ``lock``;
 - settings scoped to a block (eager mode's metrics prefix, ``meta.shared_scalars``, a view op under inference
   mode, the Dynamo backend's and ``lazyxla.export``'s flags: ``config.scoped``) are ``ContextVar``s: they hold in
   the thread (and task) that set them only. Two blocks set flags for the whole process on purpose, because
@@ -50,7 +54,7 @@ class Session:
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # (the replay watch's: ``arm_watch``, ``touch``)
         # Every LazyTensor made since the last scan, as weak references in creation order: sync() finds pending
         # work among the live ones, and donation asks which device buffers a tensor still holds. (A list of weakrefs
         # costs a tenth of a WeakValueDictionary insert; dead ones are dropped by scans. ``list.append`` is atomic,

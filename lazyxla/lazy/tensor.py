@@ -29,7 +29,6 @@ _inference_mode = torch_private.InferenceMode
 # The session's state, bound once: read per op and per LazyTensor made (the set and list are never replaced, only
 # changed in place; see lazy/session.py for what each holds and the thread policy)
 _session = session
-_lock = session.lock
 _live = session.live
 _watched = session.watched
 
@@ -52,10 +51,12 @@ class LazyTensor(torch.Tensor):
         t._value = value
         t._aval = aval
         _live.append(weakref.ref(t))
-        with _lock:  # another thread (a DeviceLoader's) makes LazyTensors too: no increment may be lost
-            _session.made += 1
-            if not fresh:
-                _session.recorded += 1
+        # (no lock, per the session's thread policy: ``recorded`` is counted by the recording thread only, since
+        # the only tensors another thread makes, a DeviceLoader's uploads, are fresh; ``made`` by every thread, and a
+        # count lost to another thread only defers left-over work to the next host read)
+        _session.made += 1
+        if not fresh:
+            _session.recorded += 1
         return t
 
     __torch_function__ = torch_private.disabled_torch_function_impl
