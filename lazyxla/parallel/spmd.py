@@ -304,7 +304,8 @@ def from_local(t: torch.Tensor, mesh: Mesh, partition_spec: Sequence) -> torch.T
     aval = Aval(tuple(arr.shape), t.dtype)
     n = leaf(Leaf.DATA, arr, aval, 0)
     n.source = f"made by lazyxla.spmd.from_local at {user_frame()}"
-    return wrap(LazyTensor((n, 0), aval))
+    # fresh device data: a DeviceLoader(input_sharding=...) makes it on its own thread (lazy/session.py's policy)
+    return wrap(LazyTensor((n, 0), aval, fresh=True))
 
 
 # --- local shards (checkpointing) ------------------------------------------------------------------
