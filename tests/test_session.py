@@ -9,6 +9,7 @@ interleave.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -101,7 +102,7 @@ def _train(dev, steps: int, captured: bool, loader: bool):
     step), with or without capture, with or without an uploading thread; the losses, the EMA, the weights."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     xs, ys = torch.randn(steps, 4, 8), torch.randn(steps, 4, 1)
 
     def step(x, y):
@@ -135,10 +136,10 @@ def _train(dev, steps: int, captured: bool, loader: bool):
 
 def test_a_captured_step_replayed_beside_an_uploading_thread_equals_lazy_mode(dev, switching):
     replays = metrics.count("capture_replays")
-    want = _train(dev, 600, captured=False, loader=False)
-    got = _train(dev, 600, captured=True, loader=True)
-    assert metrics.count("capture_replays") - replays >= 590
-    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    want = _train(dev, 2000, captured=False, loader=False)
+    got = _train(dev, 2000, captured=True, loader=True)
+    assert metrics.count("capture_replays") - replays >= 1990
+    assert math.isfinite(want[0]) and got[0] == pytest.approx(want[0], rel=1e-5)
     for a, b in zip(got[1] + got[2], want[1] + want[2]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
