@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
+from lazyxla.lazy.tensor import unwrap
 from tests.util import check, to_dev
 from tests.util import normal as _r
 
@@ -140,6 +141,22 @@ def test_batch_norm_module_buffers(dev):
         torch.testing.assert_close(bn_dev.state_dict()[name].cpu(), ref, **TOL)
     bn.eval(), bn_dev.eval()
     torch.testing.assert_close(bn_dev(to_dev(x)).cpu(), bn(x), **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_batch_norm_keeps_half_running_stats_in_their_dtype(dev, dtype):
+    """Batch norm computes half-precision statistics in float32; the running statistics, updated in place, stay in
+    their own dtype, as on the CPU (the value a tensor holds is of the tensor's dtype: ``tensor.set_value``)."""
+    torch.manual_seed(0)
+    x = _r(6, 3, 4, grad=False).to(dtype)
+    stats = [torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)]
+    on_dev = [s.to(dev) for s in stats]
+    F.batch_norm(x, *stats, training=True, momentum=0.3)
+    F.batch_norm(to_dev(x), *on_dev, training=True, momentum=0.3)
+    for got, want in zip(on_dev, stats):
+        assert unwrap(got)._value[0].avals[unwrap(got)._value[1]].dtype == dtype  # before the sync too
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.cpu(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("shape,norm", [((4, 6), (6,)), ((2, 3, 8), (8,)), ((2, 3, 4), (3, 4))])

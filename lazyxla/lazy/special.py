@@ -215,8 +215,15 @@ def _batch_norm_updating_stats(x, w, b, running_mean, running_var, training, mom
     # decomposition). Record the functional variant and rebind the statistics.
     args = (x, w, b, running_mean, running_var, training, momentum, eps)
     out = record(aten._native_batch_norm_legit_functional.default, args, {})
-    retarget((running_mean, running_var), (out[3]._value, out[4]._value))
+    # the functional op gives float16/bfloat16 statistics back in float32: kept in their own dtype, as the CPU's
+    # in-place update keeps them (rebinding a bfloat16 tensor to a float32 value made its aval lie)
+    stats = [s if s._aval.dtype == r._aval.dtype else _cast(s, r._aval.dtype) for s, r in zip(out[3:5], args[3:5])]
+    retarget((running_mean, running_var), [s._value for s in stats])
     return out[:3]
+
+
+def _cast(t: LazyTensor, dtype: torch.dtype) -> LazyTensor:
+    return record(aten._to_copy.default, (t,), {"dtype": dtype})
 
 
 def _eval_batch_norm(x, w, b, running_mean, running_var, momentum, eps):
