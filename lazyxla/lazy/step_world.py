@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 
@@ -43,6 +44,10 @@ class _Attr:
     def get(self, flat):
         return getattr(self.obj, self.name, None)
 
+    def getter(self):
+        """``get`` as a C-level callable of no arguments (a replay reads every input location per call)."""
+        return functools.partial(getattr, self.obj, self.name, None)
+
     def set(self, value) -> None:
         setattr(self.obj, self.name, value)
 
@@ -58,6 +63,9 @@ class _Item:
     def get(self, flat):
         return self.d.get(self.key)
 
+    def getter(self):
+        return functools.partial(self.d.get, self.key)
+
     def set(self, value) -> None:
         self.d[self.key] = value
 
@@ -72,6 +80,9 @@ class _Fixed:
 
     def get(self, flat):
         return self.obj
+
+    def getter(self):
+        return itertools.repeat(self.obj).__next__
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces a parameter object")
@@ -94,6 +105,9 @@ class _Cell:
     def set(self, value) -> None:
         self.cell.cell_contents = value
 
+    def getter(self):
+        return functools.partial(self.get, None)
+
 
 class _Arg:
     """The ``i``-th tensor among the call's arguments (flattened)."""
@@ -105,6 +119,9 @@ class _Arg:
 
     def get(self, flat):
         return flat[self.i]
+
+    def getter(self):
+        return None  # (read from each call's arguments)
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces an argument")
