@@ -433,7 +433,11 @@ class _Entry:
         reused = {j for j, _ in self.reuse}
         self.fresh = [j for j in range(len(self.avals)) if j not in reused]
         self.fresh_outputs = [self.outputs_of[j] for j in self.fresh]
-        self.other_writes = [w for w in self.writes if w[2] not in reused]
+        others = [w for w in self.writes if w[2] not in reused]
+        # (a quiet replay empties the locations that the step leaves without a tensor, a gradient after
+        # ``zero_grad``, with C-level calls; then puts the other results)
+        self._emptied = [loc.clearer() for loc, kind, _, _ in others if kind is _NONE]
+        self.other_writes = [w for w in others if w[1] is not _NONE]
 
     def replay(self, flat: list, agree: _Agreement | None = None):
         """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
@@ -478,7 +482,9 @@ class _Entry:
         metrics.inc("device_buffers", devices.buffers(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
         if quiet and self.reuse and self._reuse_inputs.isdisjoint(checked):
-            out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
+            made = self._reused(leaves, outs)
+            collections.deque(map(_call, self._emptied), maxlen=0)
+            out = self._put(made, flat, inner, self.other_writes, self._cache)
         else:  # every location is written again: the cache and the watch start afresh
             made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
             self._watch, self._watch_ids = {}, None

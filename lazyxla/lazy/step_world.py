@@ -48,6 +48,10 @@ class _Attr:
         """``get`` as a C-level callable of no arguments (a replay reads every input location per call)."""
         return functools.partial(getattr, self.obj, self.name, None)
 
+    def clearer(self):
+        """``set(None)`` as a C-level callable of no arguments."""
+        return functools.partial(setattr, self.obj, self.name, None)
+
     def set(self, value) -> None:
         setattr(self.obj, self.name, value)
 
@@ -66,6 +70,9 @@ class _Item:
     def getter(self):
         return functools.partial(self.d.get, self.key)
 
+    def clearer(self):
+        return functools.partial(operator.setitem, self.d, self.key, None)
+
     def set(self, value) -> None:
         self.d[self.key] = value
 
@@ -83,6 +90,9 @@ class _Fixed:
 
     def getter(self):
         return itertools.repeat(self.obj).__next__
+
+    def clearer(self):
+        return functools.partial(self.set, None)
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces a parameter object")
@@ -108,6 +118,9 @@ class _Cell:
     def getter(self):
         return functools.partial(self.get, None)
 
+    def clearer(self):
+        return functools.partial(self.set, None)
+
 
 class _Arg:
     """The ``i``-th tensor among the call's arguments (flattened)."""
@@ -122,6 +135,9 @@ class _Arg:
 
     def getter(self):
         return None  # (read from each call's arguments)
+
+    def clearer(self):
+        return functools.partial(self.set, None)
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces an argument")
