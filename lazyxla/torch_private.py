@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import itertools
+import operator
 from collections.abc import Callable, Iterator
 
 import torch
@@ -148,14 +150,41 @@ def module_buffers(m: torch.nn.Module) -> dict:
     return m._buffers
 
 
-def module_hook_count(m: torch.nn.Module) -> int:
-    """How many forward, forward-pre and backward hooks the module has (a captured step's guard).
+def modules_parameters(modules: list) -> list[dict]:
+    """``module_parameters`` of each module, in bulk (a captured step's guards take them per call).
 
     Example::
 
-        module_hook_count(nn.Linear(2, 3))    # 0
+        modules_parameters([nn.Linear(2, 3)])[0].keys()     # dict_keys(['weight', 'bias'])
     """
-    return len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+    return list(map(_PARAMETERS, modules))
+
+
+def modules_buffers(modules: list) -> list[dict]:
+    """``module_buffers`` of each module, in bulk.
+
+    Example::
+
+        modules_buffers([nn.BatchNorm1d(3)])[0].keys()     # running_mean, running_var, num_batches_tracked
+    """
+    return list(map(_BUFFERS, modules))
+
+
+def modules_hook_dicts(modules: list):
+    """The forward, forward-pre and backward hook dicts of each module, one after another (a captured step's
+    guard counts them).
+
+    Example::
+
+        list(map(len, modules_hook_dicts([nn.Linear(2, 3)])))    # [0, 0, 0]
+    """
+    return itertools.chain.from_iterable(map(_HOOK_DICTS, modules))
+
+
+# (attribute getters run in C: a captured step's guards map them over every module per call)
+_PARAMETERS = operator.attrgetter("_parameters")
+_BUFFERS = operator.attrgetter("_buffers")
+_HOOK_DICTS = operator.attrgetter("_forward_hooks", "_forward_pre_hooks", "_backward_hooks")
 
 
 def replace_inner(t: torch.Tensor, inner: torch.Tensor) -> None:

@@ -205,8 +205,23 @@ def _new_param(i, model, opt, args):
     return args
 
 
+def _forward_hook(i, model, opt, args):
+    if i == 8:
+        model.head.register_forward_hook(lambda m, a, out: out * 0.5)
+    return args
+
+
+def _state_replaced(i, model, opt, args):
+    if i == 8:  # an optimizer state entry replaced by a copy of itself (the guard holds it by identity)
+        state = opt.state[model.head.weight]
+        state["momentum_buffer"] = state["momentum_buffer"].clone()
+    return args
+
+
 @pytest.mark.parametrize(
-    "change", [_shorter, _int32_ids, _scale, _lr, _eval_mode, _frozen, _new_param], ids=lambda f: f.__name__[1:]
+    "change",
+    [_shorter, _int32_ids, _scale, _lr, _eval_mode, _frozen, _new_param, _forward_hook, _state_replaced],
+    ids=lambda f: f.__name__[1:],
 )
 def test_a_changed_guard_records_and_equals_lazy_mode(dev, change):
     lazy = _run_changes(dev, False, change)
@@ -399,3 +414,24 @@ def test_a_module_copy_is_a_different_world(dev):
     step(*(a.to(dev) for a in _batches(1)[0]))
     assert holder["m"].head.weight.grad is not None
     assert step.capture_status.startswith("recorded")  # the new world is recorded, not replayed
+
+
+def test_replays_send_the_steps_python_numbers_to_the_device_once(dev):
+    """The packed Python numbers a replayed program takes (SGD's learning rate, momentum) are the verified call's in
+    every replay: they stay on the device, so a replay copies nothing from the host; the losses are lazy mode's."""
+    batches = [(ids.to(dev), target.to(dev)) for ids, target in _batches(10)]
+    runs = []
+    for captured in (False, True):
+        model, opt = _make(dev)
+        step = lazyxla.compile(_step_fn(model, opt, "zero_grad_first"), capture=captured)
+        losses = [step(*b).item() for b in batches[:6]]
+        lazyxla.metrics.reset()
+        losses += [step(*b).item() for b in batches[6:]]
+        runs.append((losses, lazyxla.metrics.counters(), lazyxla.metrics.sizes()))
+    (lazy, _, _), (replayed, counters, sizes) = runs
+    assert replayed == lazy
+    assert counters.get("capture_replays", 0) == 4, counters
+    # every copy to the device is a batch tensor's (ids or targets, 4 x 6 int64, uploaded when first read), none
+    # the numbers'
+    sent = sizes["bytes_to_device"]
+    assert sent["total_bytes"] == 4 * 6 * 8 * sent["count"], sizes

@@ -98,6 +98,8 @@ must not change the program between calls — a change there is seen only at the
 from __future__ import annotations
 
 import collections
+import itertools
+import operator
 import warnings
 import weakref
 
@@ -369,6 +371,8 @@ class _Entry:
         # per input the step rewrites: ids of the LazyTensors its location holds after the last replay (the
         # functional value and the one ``_put`` set), watched until the next replay (``session.watched``)
         self._watch: dict[int, tuple] = {}
+        self._watch_ids = None  # the ids in ``_watch``, as one set (None: to be taken again)
+        self._resident = None  # the packed Python numbers on the device (``_arguments``)
         # the Python numbers, packed once (``ArgLayout``): the verified call's are every replay's
         self.packed = r.compiled.layout.packed_scalars(r.leaves)
         self.guards = cand.guards
@@ -380,6 +384,17 @@ class _Entry:
         shaped = graph.key_layouts(r.key)
         self.inputs = [(pos, locs[name], h, shaped and shaped[pos]) for pos, name, h in cand.inputs]
         self.names = [name for _, name, _ in cand.inputs]  # (to say which input a replay missed at)
+        # per input: a C-level callable giving its location's tensor (``getter``; None for an argument, read from
+        # the call's flattened arguments), and the arguments' (input, position among them)
+        getters = [loc.getter() for _, loc, _, _ in self.inputs]
+        self._getters = [g or _none for g in getters]
+        self._from_arguments = [(k, self.inputs[k][1].i) for k, g in enumerate(getters) if g is None]
+        # per program data argument: the input it is read from; and those that are not inputs (constants)
+        at = {pos: k for k, (pos, _, _) in enumerate(cand.inputs)}
+        data = r.compiled.layout.data
+        self._data_of = {at[i]: d for d, i in enumerate(data) if i in at}
+        self._constant_data = [d for d, i in enumerate(data) if i not in at]
+        self._fast = None  # the quiet path's plan over ``_cache`` (``_fast_plan``), None: to be made again
         for pos, _, _ in cand.inputs:
             self.template[pos] = None
         self.keys = cand.keys
@@ -413,10 +428,16 @@ class _Entry:
             if kind is _SAME and k is not None and j not in returned and uses[j] == 1 and k not in taken:
                 self.reuse.append((j, k))
                 taken.add(k)
+        self._reuse_inputs = frozenset(taken)
+        self._reuse_lists = ([j for j, _ in self.reuse], [self.inputs[k][0] for _, k in self.reuse])
         reused = {j for j, _ in self.reuse}
         self.fresh = [j for j in range(len(self.avals)) if j not in reused]
         self.fresh_outputs = [self.outputs_of[j] for j in self.fresh]
-        self.other_writes = [w for w in self.writes if w[2] not in reused]
+        others = [w for w in self.writes if w[2] not in reused]
+        # (a quiet replay empties the locations that the step leaves without a tensor, a gradient after
+        # ``zero_grad``, with C-level calls; then puts the other results)
+        self._emptied = [loc.clearer() for loc, kind, _, _ in others if kind is _NONE]
+        self.other_writes = [w for w in others if w[1] is not _NONE]
 
     def replay(self, flat: list, agree: _Agreement | None = None):
         """Run the step's program on the current buffers and put its results in place; ``MISS`` when an input
@@ -432,13 +453,13 @@ class _Entry:
         if not quiet or busy:
             graph.sync(reason="a captured step")  # as the region would: pending work first
         leaves = list(self.template)
-        inner = [None] * len(self.inputs)  # per input: the LazyTensor read from its location
-        ours = self._inputs(flat, leaves, inner, self._cache if quiet else _NO_CACHE)
-        if ours is MISS:
+        inner = {}  # per input: the LazyTensor read from its location
+        checked = self._inputs(flat, leaves, inner, quiet)
+        if checked is MISS:
             return MISS
         # an input the last replay wrote that is not where it left it (a .data swap): its buffer's holders are
         # not known, so they are counted
-        busy = busy or (quiet and len(ours) < self.written_inputs)
+        busy = busy or (quiet and len(self.inputs) - len(checked) < self.written_inputs)
         if self.donated and (busy or not quiet) and not _free(leaves, self.donated, self.holders):
             return _miss("a buffer the program takes over is still held elsewhere")
         if agree is not None and not agree(self.program):  # nothing changed yet: the call can still be recorded
@@ -447,7 +468,7 @@ class _Entry:
         for pos, offset in self.keys:
             leaves[pos] = rng.key_leaf(counter + offset, self.device)
         rng.advance(self.drawn)
-        args = self._arguments(leaves, ours)
+        args = self._arguments(leaves, checked)
         try:
             outs = graph.launch(self.compiled, args, self.avals)
         except BaseException as e:
@@ -460,14 +481,20 @@ class _Entry:
         session.replays += 1
         metrics.inc("device_buffers", devices.buffers(outs))
         metrics.inc("syncs")  # a replayed step is one step's sync
-        if quiet and self.reuse and all(id(leaves[self.inputs[k][0]]) in ours for _, k in self.reuse):
-            out = self._put(self._reused(leaves, outs), flat, inner, self.other_writes, self._cache)
+        if quiet and self.reuse and self._reuse_inputs.isdisjoint(checked):
+            made = self._reused(leaves, outs)
+            collections.deque(map(_call, self._emptied), maxlen=0)
+            out = self._put(made, flat, inner, self.other_writes, self._cache)
         else:  # every location is written again: the cache and the watch start afresh
             made = graph.output_leaves(self.compiled, self.outputs_of, outs, self.device, self.made_by)
-            self._watch = {}
+            self._watch, self._watch_ids = {}, None
+            self._fast = None
             out = self._put(made, flat, inner, self.writes, [None] * len(self.inputs))
         self._made = _made()
-        session.arm_watch(i for ids in self._watch.values() for i in ids)
+        ids = self._watch_ids
+        if ids is None:  # (a quiet replay that rebinds no location watches what the last one did)
+            ids = self._watch_ids = frozenset(i for ids in self._watch.values() for i in ids)
+        session.arm_watch(ids)
         self._quiet = _quiet_key()
         return out
 
@@ -479,36 +506,70 @@ class _Entry:
         on a watched LazyTensor); since then no op touched those LazyTensors (quiet), so no view of them was read
         and no op made another holder of the node. The location then reads the new buffer as after an in-place
         update, without the four functionalization calls per tensor (~5 us each) that ``_put`` makes otherwise."""
-        made = [None] * len(outs)
-        for j, k in self.reuse:
-            n = leaves[self.inputs[k][0]]
-            n.payload = outs[j]  # (a program's output: no CPU copy of its value exists, lazy/known.py)
-            made[j] = n
+        results, positions = self._reuse_lists
+        nodes = _gather(positions, leaves)
+        # (each node takes its new buffer, in C: a program's output, of which no CPU copy exists, lazy/known.py)
+        collections.deque(map(setattr, nodes, _PAYLOADS, _gather(results, outs)), maxlen=0)
+        made = dict(zip(results, nodes))  # result number -> its node
         fresh = graph.output_leaves(
-            self.compiled, self.fresh_outputs, [outs[j] for j in self.fresh], self.device, self.made_by
+            self.compiled, self.fresh_outputs, _gather(self.fresh, outs), self.device, self.made_by
         )
-        for j, n in zip(self.fresh, fresh):
-            made[j] = n
+        made.update(zip(self.fresh, fresh))
         return made
 
-    def _inputs(self, flat: list, leaves: list, inner: list, cache):
-        """Each input's node from its location, checked against the program's (``MISS`` if one differs); the
-        set of the ids of those still where the last replay put them (``cache``: weak references to the
-        LazyTensor and node it left there), which need no check."""
-        ff = _from_functional
-        ours = set()
-        for k, (pos, loc, h, layout) in enumerate(self.inputs):
-            t = loc.get(flat)
+    def _inputs(self, flat: list, leaves: list, inner: dict, quiet: bool):
+        """Each input's node from its location into ``leaves`` (and its LazyTensor into ``inner``), checked against
+        the program's; ``MISS`` if one differs. Returns the inputs that were checked: on a quiet replay, those
+        still where the last replay put them (``_cache``: weak references to the LazyTensor and node it left
+        there) need no check, and are recognised in bulk (``_found``)."""
+        ts = list(map(_call, self._getters))
+        for k, i in self._from_arguments:
+            ts[k] = flat[i]
+        if quiet and self._cache is not _NO_CACHE:
+            fast = self._fast or self._fast_plan()
+            if self._found(fast, ts, leaves, inner):
+                return self._check(fast[4], ts, leaves, inner)
+        return self._check(range(len(ts)), ts, leaves, inner)
+
+    def _fast_plan(self) -> tuple:
+        """The inputs ``_cache`` knows, as lists for ``_found``: their numbers, weak references to their
+        LazyTensors and nodes, their leaf positions; and the other inputs' numbers."""
+        known = [k for k, c in enumerate(self._cache) if c is not None]
+        cached = [self._cache[k] for k in known]
+        others = [k for k in range(len(self.inputs)) if self._cache[k] is None]
+        positions = [self.inputs[k][0] for k in known]
+        self._fast = (known, [c[0] for c in cached], [c[1] for c in cached], positions, others)
+        return self._fast
+
+    def _found(self, fast: tuple, ts: list, leaves: list, inner: dict) -> bool:
+        """Whether every input ``_cache`` knows holds the LazyTensor and node the last replay left there (then
+        put in ``leaves`` and ``inner``): C-level passes over all of them at once."""
+        known, lts, nodes, positions, _ = fast
+        if not known:
+            return True
+        ts = _gather(known, ts)
+        if any(map(_is, ts, _NONES)):
+            return False
+        try:
+            held = list(map(_from_functional, ts))
+        except (RuntimeError, TypeError):  # (not a functional tensor: the checked path says what it is)
+            return False
+        lts, nodes = list(map(_call, lts)), list(map(_call, nodes))
+        if not (all(map(_is, held, lts)) and all(map(_is, map(_first, map(_VALUE, held)), nodes))):
+            return False
+        for pos, n in zip(positions, nodes):
+            leaves[pos] = n
+        inner.update(zip(known, held))
+        return True
+
+    def _check(self, ks, ts: list, leaves: list, inner: dict):
+        """Inputs ``ks`` (their tensors: ``ts``) checked against what the program takes, into ``leaves`` and
+        ``inner``; ``MISS`` at the first that differs, else ``ks`` as a list."""
+        for k in ks:
+            t = ts[k]
             if t is None:
                 return _miss("an input location holds no tensor")
-            c = cache[k]
-            if c is not None:
-                lt, n = c[0](), c[1]()
-                if lt is not None and ff(t) is lt and lt._value[0] is n:
-                    leaves[pos] = n
-                    inner[k] = lt
-                    ours.add(id(n))
-                    continue
+            pos, _, h, layout = self.inputs[k]
             lt = unwrap(t)
             n = lt._value[0]
             if n.op is not _DATA or n.hash != h:
@@ -517,37 +578,54 @@ class _Entry:
                 return _miss(f"an input's sharding differs from the verified call's ({_say(self.names[k])})")
             leaves[pos] = n
             inner[k] = lt
-        return ours
+        return list(ks)
 
     def forget(self) -> None:
         """Drop what the last replay left (its locations' tensors): a recorded call comes next."""
         self._cache = _NO_CACHE
+        self._fast = None
         self._quiet = None
         self._watch = {}
+        self._watch_ids = None
 
-    def _arguments(self, leaves: list, ours: set) -> list:
-        """The program's arguments. The buffers the previous replay made (``ours``) are what the program returns,
-        so only the others are checked against what it takes (``Compiled.check_argument``: a mismatched buffer
-        given to XLA can abort the process); the packed Python numbers are the verified call's."""
+    def _arguments(self, leaves: list, checked: list) -> list:
+        """The program's arguments. The buffers the previous replay made (the inputs not ``checked``) are what
+        the program returns, so only the others are checked against what it takes (``Compiled.check_argument``: a
+        mismatched buffer given to XLA can abort the process); the packed Python numbers are the verified call's."""
         compiled = self.compiled
         data = compiled.layout.data
         replicas = compiled.replicas
-        args = [leaves[i]._payload if id(leaves[i]) in ours else graph.payload_of(leaves[i]) for i in data]
-        packed = self.packed
-        if self.keys:
-            packed = [*packed, np.stack([leaves[i].payload for i in compiled.layout.keys])]
+        args = list(map(_PAYLOAD, _gather(data, leaves)))
+        of = self._data_of
+        recheck = [of[k] for k in checked if k in of] + self._constant_data
+        for d in recheck:
+            args[d] = graph.payload_of(leaves[data[d]])
+        keys = [np.stack([leaves[i].payload for i in compiled.layout.keys])] if self.keys else []
         if replicas is not None:  # this process's blocks of the global arguments (as graph.arguments sends them)
-            args = replicas.globalize(args + packed)
-        for k, i in enumerate(data):
-            if id(leaves[i]) not in ours:
-                compiled.check_argument(k, args[k], leaves)
+            args = replicas.globalize(args + self.packed + keys)
+        for d in recheck:
+            compiled.check_argument(d, args[d], leaves)
         if replicas is not None:
             return args
+        if self.packed:
+            args += self._packed_on_device(len(args), leaves)
         if compiled.spmd:  # global arguments: the same numbers on every device (as graph.arguments sends them)
-            return args + devices.send(packed, self.device) if packed else args
-        return args + devices.passed(packed)
+            return args + devices.send(keys, self.device) if keys else args
+        return args + devices.passed(keys) if keys else args
 
-    def _put(self, made: list, flat: list, inner: dict, writes: list, cache: list):
+    def _packed_on_device(self, first: int, leaves: list) -> list:
+        """The packed Python numbers as device arrays, sent once: they are the verified call's in every replay,
+        and the program only reads them (it takes over data inputs' buffers alone, ``Compiled.donated``). Passing
+        host arrays would copy them in every call (and on XLA's CPU client keep a small program from running
+        inline: its inputs would not be ready)."""
+        if self._resident is None:
+            resident = devices.send(self.packed, self.device)
+            for k, a in enumerate(resident):
+                self.compiled.check_argument(first + k, a, leaves)
+            self._resident = resident
+        return self._resident
+
+    def _put(self, made, flat: list, inner: dict, writes: list, cache: list):
         """Put the results ``made`` where ``writes`` say; ``cache`` (kept as the next replay's) learns where
         each input will be found, and ``_watch`` which LazyTensors hold them."""
         new = {}
@@ -555,7 +633,7 @@ class _Entry:
         for loc, kind, j, k in writes:
             if kind is _SAME:
                 t = loc.get(flat)
-                lt = inner[k] if k is not None else None
+                lt = inner.get(k)
                 if lt is None:
                     lt = unwrap(t)
                 set_value(lt, (made[j], 0))
@@ -565,11 +643,14 @@ class _Entry:
                 if k is not None:  # weakly: the cache must not keep a tensor, or a buffer, alive
                     held = _from_functional(t)
                     cache[k] = (weakref.ref(held), weakref.ref(made[j]))
+                    self._fast = None
                     self._watch[k] = (id(held), id(lt))
+                    self._watch_ids = None
             elif kind is _NEW:
                 loc.set(_fresh(new, made, j, self.avals))
                 if k is not None:
                     self._watch[k] = (id(new[j][1]),)
+                    self._watch_ids = None
             else:
                 loc.set(None)
         values = []
@@ -581,6 +662,20 @@ class _Entry:
             else:
                 values.append(d[2])
         return unflatten(values, self.ret_spec)
+
+
+def _gather(indices: list, values: list) -> list:
+    """``[values[i] for i in indices]``, in C."""
+    return list(map(values.__getitem__, indices))
+
+
+_call = operator.call
+_is = operator.is_
+_NONES = itertools.repeat(None)
+_first = operator.itemgetter(0)
+_VALUE = operator.attrgetter("_value")
+_PAYLOAD = operator.attrgetter("_payload")
+_PAYLOADS = itertools.repeat("_payload")
 
 
 def _quiet_key() -> tuple:

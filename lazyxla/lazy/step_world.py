@@ -10,6 +10,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import itertools
 import operator
 
 import torch
@@ -22,7 +24,6 @@ from lazyxla.lazy import rng
 
 _parameters = torch_private.module_parameters
 _buffers = torch_private.module_buffers
-_hooks = torch_private.module_hook_count
 
 
 class NotCapturable(Exception):
@@ -43,6 +44,14 @@ class _Attr:
     def get(self, flat):
         return getattr(self.obj, self.name, None)
 
+    def getter(self):
+        """``get`` as a C-level callable of no arguments (a replay reads every input location per call)."""
+        return functools.partial(getattr, self.obj, self.name, None)
+
+    def clearer(self):
+        """``set(None)`` as a C-level callable of no arguments."""
+        return functools.partial(setattr, self.obj, self.name, None)
+
     def set(self, value) -> None:
         setattr(self.obj, self.name, value)
 
@@ -58,6 +67,12 @@ class _Item:
     def get(self, flat):
         return self.d.get(self.key)
 
+    def getter(self):
+        return functools.partial(self.d.get, self.key)
+
+    def clearer(self):
+        return functools.partial(operator.setitem, self.d, self.key, None)
+
     def set(self, value) -> None:
         self.d[self.key] = value
 
@@ -72,6 +87,12 @@ class _Fixed:
 
     def get(self, flat):
         return self.obj
+
+    def getter(self):
+        return itertools.repeat(self.obj).__next__
+
+    def clearer(self):
+        return functools.partial(self.set, None)
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces a parameter object")
@@ -94,6 +115,12 @@ class _Cell:
     def set(self, value) -> None:
         self.cell.cell_contents = value
 
+    def getter(self):
+        return functools.partial(self.get, None)
+
+    def clearer(self):
+        return functools.partial(self.set, None)
+
 
 class _Arg:
     """The ``i``-th tensor among the call's arguments (flattened)."""
@@ -105,6 +132,12 @@ class _Arg:
 
     def get(self, flat):
         return flat[self.i]
+
+    def getter(self):
+        return None  # (read from each call's arguments)
+
+    def clearer(self):
+        return functools.partial(self.set, None)
 
     def set(self, value) -> None:
         raise NotCapturable("the step replaces an argument")
@@ -135,7 +168,8 @@ class World:
                 for p in group["params"]:
                     params.setdefault(id(p), p)
         self.params = list(params.values())
-        self._states: dict[int, tuple] = {}  # id(optimizer state) -> (its values, guard, reusable, the state)
+        # id(optimizer) -> its last state guard and what it was taken from (``_states_guard``)
+        self._states: dict[int, tuple] = {}
 
     def same_as(self, other: World) -> bool:
         return [id(m) for m in self.modules] == [id(m) for m in other.modules] and [id(o) for o in self.optimizers] == [
@@ -178,7 +212,10 @@ class World:
         return locs
 
     def guards(self, flat: list, spec, fn) -> tuple:
-        """What a call starts from that must equal a verified step's for it to be replayed."""
+        """What a call starts from that must equal a verified step's for it to be replayed.
+
+        Per call, so each part is taken with C-level bulk operations (``map``, ``chain``) over all modules or
+        states at once rather than a Python loop per object: a replayed GPT step's guards cost ~30 us, not ~100."""
         dev = devices.torch_name()
         g: list = [
             spec,
@@ -193,39 +230,65 @@ class World:
             rng.get_state()[0],
         ]
         g += [_describe_argument(v) for v in flat]
-        for m in self.modules:
-            g.append(
-                (
-                    m.training,
-                    tuple(map(id, _parameters(m).values())),
-                    tuple(map(id, _buffers(m).values())),
-                    _hooks(m),
-                )
-            )
+        g.append(_modules_guard(self.modules))
         for o in self.optimizers:
             for group in o.param_groups:
                 g.append(tuple((k, _describe(v)) for k, v in group.items() if k != "params"))
                 g.append(tuple(map(id, group["params"])))
-            states = o.state
-            for p in _params_of(o):
-                state = states.get(p)
-                g.append(None if state is None else self._state_guard(state))
-        g.append(tuple(p.grad is None for p in self.params))
+            g.append(self._states_guard(o))
+        g.append(tuple(map(_is, map(_grad, self.params), _NONES)))
         g += _closure_numbers(fn)
         return tuple(g)
 
-    def _state_guard(self, state: dict) -> tuple:
-        """An optimizer state's guard: its entries' keys, device tensors by identity, anything else by value
-        (``_state_entry``). The last guard of each state is kept with the values it was taken from (kept alive,
-        so an equal identity is the same object): while they are all still there, it is the guard again, without
-        asking each tensor for its device."""
-        memo = self._states.get(id(state))
-        if memo is not None and memo[2] and len(state) == len(memo[0]) and all(map(_is, state.values(), memo[0])):
-            return memo[1]
-        g = (id(state), *((k, _state_entry(v)) for k, v in state.items()))
-        values = tuple(state.values())
-        self._states[id(state)] = (values, g, all(type(e[1]) is int for e in g[1:]), state)
+    def _states_guard(self, o) -> tuple:
+        """An optimizer's state guard: per parameter None (no state yet), or its state's identity and entries'
+        keys, device tensors by identity, anything else by value (``_state_entry``). The last guard is kept with
+        the state dicts, keys and values it was taken from (kept alive, so an equal identity is the same object):
+        while they are all still there and it holds no value but device tensors' identities, it is the guard
+        again, without asking each tensor for its device."""
+        states = list(map(o.state.get, _params_of(o)))
+        memo = self._states.get(id(o))
+        if None not in states:
+            keys = list(_chain(map(dict.keys, states)))
+            values = list(_chain(map(dict.values, states)))
+            sizes = list(map(len, states))
+            if (
+                memo is not None
+                and memo[4]
+                and len(values) == len(memo[2])
+                and sizes == memo[3]
+                and all(map(_is, states, memo[0]))
+                and keys == memo[1]
+                and all(map(_is, values, memo[2]))
+            ):
+                return memo[5]
+        else:
+            keys = values = sizes = None
+        g = tuple(None if s is None else (id(s), *((k, _state_entry(v)) for k, v in s.items())) for s in states)
+        reusable = keys is not None and all(type(e[1]) is int for s in g for e in s[1:])
+        self._states[id(o)] = (states, keys, values, sizes, reusable, g, o)
         return g
+
+
+def _modules_guard(modules: list) -> tuple:
+    """The modules' part of the guards: each one's ``training`` flag, parameters and buffers (by identity, with
+    their counts per module) and counts of forward, forward-pre and backward hooks."""
+    params = torch_private.modules_parameters(modules)
+    buffers = torch_private.modules_buffers(modules)
+    return (
+        tuple(map(_training, modules)),
+        tuple(map(len, params)),
+        tuple(map(id, _chain(map(dict.values, params)))),
+        tuple(map(len, buffers)),
+        tuple(map(id, _chain(map(dict.values, buffers)))),
+        tuple(map(len, torch_private.modules_hook_dicts(modules))),
+    )
+
+
+_chain = itertools.chain.from_iterable
+_training = operator.attrgetter("training")
+_grad = operator.attrgetter("grad")
+_NONES = itertools.repeat(None)
 
 
 _is = operator.is_
