@@ -256,6 +256,66 @@ def elementwise_result_dtype(*operands) -> torch.dtype:
     return result
 
 
+# ---- meta kernels -------------------------------------------------------------------------------------
+
+# Functionalization checks every in-place op on meta tensors before it records the op's functional variant
+# (``RegisterFunctionalization.cpp``: "run meta tensors through the original op"). For many in-place ops
+# (``add_``, ``mul_``, ``addcmul_``, ``lerp_``, ...) PyTorch's Meta kernel is Python: ``torch._meta_registrations``
+# registers its reference implementations over the C++ ones when it is imported (torch._decomp imports it).
+import torch._meta_registrations  # noqa: E402
+
+_INPLACE_VIEW_LIKE = frozenset(  # in-place ops that change their tensor's sizes or strides: meta returns no check
+    "as_strided_ detach_ resize_ resize_as_ set_ squeeze_ swapaxes_ swapdims_ t_ transpose_ unsqueeze_ copy_".split()  # noqa: SIM905
+)
+
+
+def python_inplace_meta_kernels() -> list[tuple[torch._ops.OpOverload, Callable]]:
+    """The in-place ops (``self`` written and returned) whose Meta kernel is PyTorch's Python one, with it:
+    what ``frontend.inplace_checks`` memoizes. Ops that change their tensor's metadata are left out.
+
+    Example::
+
+        ops = dict(python_inplace_meta_kernels())   # {aten.add_.Tensor: <function add_ ...>, ...}
+    """
+    found, seen = [], set()
+    for kind in ("meta", "post_autograd", "pre_autograd"):  # activate_meta()'s order: it registered these
+        for op in torch._decomp.global_decomposition_table[kind]:
+            fn = _python_meta_kernel(op)
+            if fn is not None and op not in seen and _checks_inplace(op):
+                seen.add(op)
+                found.append((op, fn))
+    return found
+
+
+def _python_meta_kernel(op) -> Callable | None:
+    if not isinstance(op, torch._ops.OpOverload) or DispatchKey.Meta not in op.py_kernels:
+        return None
+    registered = f"{op.namespace}/{op._schema.name.split('::')[1]}.{op._overloadname}/Meta"
+    if registered.replace(".default/", "/") not in torch.library._impls:
+        return None  # activate_meta() left it to C++ (a view, a composite, or one of its exceptions)
+    return op.py_kernels[DispatchKey.Meta]
+
+
+def _checks_inplace(op) -> bool:
+    if op.is_view or op._schema.name.split("::")[1] in _INPLACE_VIEW_LIKE:
+        return False
+    args, rets = op._schema.arguments, op._schema.returns
+    first = args[0].alias_info if args else None
+    if first is None or not first.is_write or len(rets) != 1 or rets[0].alias_info is None:
+        return False
+    return rets[0].alias_info.before_set == first.before_set  # returns `self` (Tensor(a!) -> Tensor(a!))
+
+
+def replace_meta_kernel(op: torch._ops.OpOverload, fn: Callable) -> None:
+    """Make ``fn`` the Meta kernel of ``op`` in place of PyTorch's Python one (same registration library).
+
+    Example::
+
+        replace_meta_kernel(torch.ops.aten.add_.Tensor, memoized_add_)
+    """
+    torch._meta_registrations._meta_lib_dont_use_me_use_register_meta.impl(op, fn, allow_override=True)
+
+
 # ---- the PrivateUse1 device --------------------------------------------------------------------------
 
 # the C++ device guard a Python backend subclasses; PyTorch's autograd engine asks it for the device type

@@ -22,6 +22,7 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.device import devices
+from lazyxla.frontend import inplace_checks
 
 _done = False
 
@@ -342,6 +343,7 @@ def register(
     torch_private.setup_python_backend(name, _BackendModule(rng, synchronize), _DeviceGuard(), _Hooks())
     _install_backward_error_relay()
     _install_accelerator_queries()
+    inplace_checks.install()
     for op, fn in kernels.items():
         torch.library.impl(op, "privateuseone")(fn)
     _library = torch.library.Library("_", "IMPL")
