@@ -209,3 +209,60 @@ def mesh_in_closure(rank: int, steps: int = 7, change_at: int = 4) -> dict:
             replayed.append(lazyxla.metrics.counters().get("capture_replays", 0) > sum(replayed))
         out["captured" if captured else "lazy"] = {"losses": losses, "statuses": statuses, "replayed": replayed}
     return out
+
+
+def fsdpv2(rank: int, steps: int = 8) -> dict:
+    """torch_xla's FSDPv2 (``SpmdFullyShardedDataParallel`` per decoder block, examples/torch_xla/fsdpv2_train.py's
+    model, AdamW, batches split over the 'fsdp' axis): lazy mode, then the same step captured, through the torch_xla
+    compatibility layer."""
+    import lazyxla.compat
+
+    lazyxla.compat.install()
+    import numpy as np
+    import torch.nn.functional as F
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+
+    import lazyxla
+    from tests.fsdpv2_workers import _example
+
+    ex = _example()
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.array(range(n)), (n, 1), ("fsdp", "model"))
+    xs.set_global_mesh(mesh)
+    batches = [(ids[:, :-1], ids[:, 1:]) for ids in ex.fake_batches(steps, 16)]
+
+    def train(captured: bool) -> dict:
+        torch.manual_seed(1)
+        model = FSDPv2(ex.DecoderOnly(), auto_wrap_policy=ex.block_policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, capturable=True)
+
+        def step(inputs, targets):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = lazyxla.compile(step, capture=captured)
+        lazyxla.metrics.reset()
+        losses, statuses = [], []
+        for inputs, targets in batches:
+            x, y = inputs.to(torch_xla.device()), targets.to(torch_xla.device())
+            xs.mark_sharding(x, mesh, ("fsdp", None))
+            xs.mark_sharding(y, mesh, ("fsdp", None))
+            losses.append(run(x, y).item())
+            statuses.append(run.capture_status if captured else None)
+        counters = lazyxla.metrics.counters()
+        return {
+            "losses": losses,
+            "params": {k: v.cpu() for k, v in model.state_dict().items()},
+            "statuses": statuses,
+            "replays": counters.get("capture_replays", 0),
+            "compiles": counters.get("compiles", 0),
+        }
+
+    return {"lazy": train(False), "captured": train(True)}

@@ -83,6 +83,19 @@ def test_an_input_laid_out_otherwise_records_again_and_equals_lazy_mode(mode):
     assert captured["specs"]["2.weight"] in new, captured["specs"]["2.weight"]
 
 
+def test_torch_xla_fsdpv2_wrapper_step_captured_equals_lazy_mode():
+    """torch_xla's FSDPv2 wrapper (per decoder block, through the compatibility layer): replayed calls compute
+    exactly what lazy mode computes, and nothing compiles beyond lazy mode's programs."""
+    (out,) = lazyxla.spawn(W.fsdpv2, args=(8,), nprocs=1, cpu_devices=8, timeout_s=280)
+    lazy, captured = out["lazy"], out["captured"]
+    assert captured["losses"] == lazy["losses"]
+    for k, want in lazy["params"].items():
+        torch.testing.assert_close(captured["params"][k], want, rtol=0, atol=0, msg=k)
+    assert captured["statuses"][-1] == "replaying", captured["statuses"]
+    assert captured["replays"] >= 8 - 3, captured
+    assert captured["compiles"] == 0, captured
+
+
 def test_mark_sharding_of_device_data_inside_the_step_is_refused_by_name():
     (out,) = lazyxla.spawn(W.marks_inside, nprocs=1, cpu_devices=8, timeout_s=280)
     assert out["replays"] == 0
