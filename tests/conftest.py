@@ -7,6 +7,7 @@ os.environ.setdefault("LAZYXLA_PERSISTENT_CACHE", "0")
 import pytest
 
 import lazyxla
+import lazyxla.compat
 from lazyxla.lazy import positions
 from lazyxla.lowering.registry import RULES
 
@@ -58,3 +59,13 @@ def pytest_addoption(parser):
         default="all",
         help="OpInfo conformance: comma-separated dtype names to test (e.g. float32,int64,bool), or 'all'",
     )
+
+
+@pytest.fixture
+def torch_xla():
+    """The torch_xla compatibility layer installed in this process (removed again afterwards)."""
+    assert lazyxla.compat.install()
+    import torch_xla
+
+    yield torch_xla
+    lazyxla.compat.uninstall()

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-import lazyxla.compat as compat
 from lazyxla.ir import Leaf
 from lazyxla.lazy.tensor import unwrap
 from lazyxla.lowering import cache
@@ -218,16 +217,6 @@ def test_compiled_regions_and_functions_stay_one_program(dev):
     for model in models.values():
         for p, q in zip(model.parameters(), cpu.parameters()):
             torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
-
-
-@pytest.fixture
-def torch_xla():
-    """The compatibility layer installed in this process (removed again afterwards)."""
-    assert compat.install()
-    import torch_xla
-
-    yield torch_xla
-    compat.uninstall()
 
 
 def test_torch_xla_names(dev, torch_xla):

@@ -23,16 +23,6 @@ from tests import compile_workers as W
 from tests.models import MLP
 
 
-@pytest.fixture
-def torch_xla():
-    """The compatibility layer installed in this process (removed again afterwards)."""
-    assert compat.install()
-    import torch_xla
-
-    yield torch_xla
-    compat.uninstall()
-
-
 def test_the_openxla_backends_are_there_only_with_the_compat_layer(dev):
     x = torch.ones(3).to(dev)
     torch._dynamo.reset()

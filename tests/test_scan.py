@@ -443,15 +443,6 @@ def test_gradients_of_gradients_through_the_loop_raise(dev):
         torch.autograd.grad(c.sum(), xs, create_graph=True)
 
 
-@pytest.fixture
-def torch_xla():
-    assert compat.install()
-    import torch_xla
-
-    yield torch_xla
-    compat.uninstall()
-
-
 def test_torch_xla_scan_and_scan_layers(torch_xla):
     from functorch.compile import default_partition, min_cut_rematerialization_partition
     from torch_xla.experimental.scan import scan

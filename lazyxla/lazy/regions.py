@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from lazyxla.config import config
 from lazyxla.lazy import eager
 from lazyxla.lazy.capture import StepCapture
 from lazyxla.lazy.graph import sync
@@ -41,7 +42,8 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
     cached program runs on the current buffers and its results are put where recording would put them, without
     running the function's Python (``lazyxla/lazy/capture.py`` says what is guarded and what is not replayed).
     Optimizers that offer ``capturable`` are switched to it, as ``torch.compile`` does. ``capture_status``
-    says whether calls are replayed, or why not.
+    says whether calls are replayed, or why not. ``capture=None`` (the default): capture when
+    ``lazyxla.config.capture`` (``LAZYXLA_CAPTURE=1``) is on when the function is wrapped.
 
     Example::
 
@@ -63,7 +65,7 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         full_graph: bool = False,
         max_different_graphs: int | None = None,
         name: str | None = None,
-        capture: bool = False,
+        capture: bool | None = None,
     ) -> None:
         if max_different_graphs is not None and max_different_graphs < 1:
             raise ValueError(f"lazyxla.compile: max_different_graphs must be at least 1, got {max_different_graphs}")
@@ -76,7 +78,7 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
         self._capture = None
         if fn is not None:
             functools.update_wrapper(self, fn)
-            if capture:
+            if capture or (capture is None and config.capture):  # (None: lazyxla.config.capture decides)
                 self._capture = StepCapture(fn)
 
     @property
@@ -88,7 +90,10 @@ class compile:  # noqa: N801  (used like a function: lazyxla.compile(...))
             print(train_step.capture_status)    # 'replaying', or 'recorded, not captured: <why>'
         """
         if self._capture is None:
-            raise ValueError("capture_status: this lazyxla.compile function was made without capture=True")
+            raise ValueError(
+                "capture_status: this lazyxla.compile function does not capture: make it with capture=True (or "
+                "while lazyxla.config.capture is on)"
+            )
         return self._capture.status
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 
@@ -26,7 +27,7 @@ import torch
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name, unsupported
-from lazyxla.config import foreign_env
+from lazyxla.config import config, foreign_env
 from lazyxla.observe import metrics
 
 __version__ = f"2.8.0+lazyxla{lazyxla.__version__}"
@@ -127,9 +128,22 @@ class _Region:
                 _sync_after_error()
 
     def __call__(self, fn: Callable) -> Callable:
-        """``@torch_xla.compile()``: the region as a decorator."""
-        if self._region.name is None:
-            self._region.name = getattr(fn, "__qualname__", None) or str(fn)
+        """``@torch_xla.compile()``: the region as a decorator; a captured step (``lazyxla.compile(fn,
+        capture=True)``) when ``lazyxla.config.capture`` (``LAZYXLA_CAPTURE=1``) is on."""
+        region = self._region
+        if region.name is None:
+            region.name = getattr(fn, "__qualname__", None) or str(fn)
+        if config.capture:
+            options = {"full_graph": region.full_graph, "max_different_graphs": region.max_graphs, "name": region.name}
+            captured = lazyxla.compile(fn, capture=True, **options)
+
+            @functools.wraps(fn)
+            def run_captured(*args, **kwargs):
+                with _step_markers():  # (a captured call syncs what is pending, and its own work, itself)
+                    return captured(*args, **kwargs)
+
+            run_captured.captured = captured  # its capture_status says whether calls replay
+            return run_captured
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
@@ -137,6 +151,24 @@ class _Region:
                 return fn(*args, **kwargs)
 
         return run
+
+
+@contextlib.contextmanager
+def _step_markers():
+    """torch_xla's step markers of a region around a captured call: a step marked on entry and on exit (counted in
+    ``MarkStep``, the step closures run; on an error, those of the work that ran)."""
+    _count_mark_step()
+    xm._run_step_closures()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        _count_mark_step()
+        if ok:
+            xm._run_step_closures()
+        else:
+            _sync_after_error()
 
 
 def compile(
