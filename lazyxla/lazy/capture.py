@@ -459,7 +459,10 @@ class _Entry:
         quiet = self._quiet == _quiet_key()
         busy = quiet and self._made != _made()
         if not quiet or busy:
-            graph.sync(reason="a captured step")  # as the region would: pending work first
+            # as the region would: pending work first; but a pending concatenation (generate()'s growing ids)
+            # stays pending: the verified program read none of it (its inputs are device data, checked below),
+            # and computing it would be a program of a new shape each call
+            graph.sync_but_concatenations(reason="a captured step")
         leaves = list(self.template)
         inner = {}  # per input: the LazyTensor read from its location
         checked = self._inputs(flat, leaves, inner, quiet)
