@@ -25,14 +25,26 @@ MODELS = {
     "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
     "llama": lambda: T.LlamaForCausalLM(
         T.LlamaConfig(
-            vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64,
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
         )  # fmt: skip
     ),
     "t5": lambda: T.T5ForConditionalGeneration(
         T.T5Config(
-            vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
-            decoder_start_token_id=0, initializer_factor=3.0,
+            vocab_size=V,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            initializer_factor=3.0,
         )  # fmt: skip
     ),
 }
@@ -117,7 +129,7 @@ def test_sampling_with_choice_replays_the_recorded_draws(dev):
             got, per_token = _generate(model, _prompt().to(dev), **kw)
         runs.setdefault(on, []).append((got, sum(r for _, _, r in per_token)))
     (first, _), (second, replayed) = runs[True]
-    (recorded, none), = runs[False]
+    ((recorded, none),) = runs[False]
     assert torch.equal(second, recorded) and torch.equal(first, recorded), (first, second, recorded)
     assert replayed == NEW - 1 and none == 0
 

@@ -394,9 +394,13 @@ class _Entry:
         # the call's flattened arguments), and the arguments' (input, position among them)
         getters = [loc.getter() for _, loc, _, _ in self.inputs]
         self._getters = [g or _none for g in getters]
-        self._from_arguments = [(k, self.inputs[k][1].i) for k, g in enumerate(getters) if g is None and self.names[k][0] == "argument"]
+        self._from_arguments = [
+            (k, self.inputs[k][1].i) for k, g in enumerate(getters) if g is None and self.names[k][0] == "argument"
+        ]
         # (and the tensors inside an argument, e.g. a KV cache's: step_world.register_holder)
-        self._from_holders = [(k, self.inputs[k][1]) for k, g in enumerate(getters) if g is None and self.names[k][0] != "argument"]
+        self._from_holders = [
+            (k, self.inputs[k][1]) for k, g in enumerate(getters) if g is None and self.names[k][0] != "argument"
+        ]
         # per program data argument: the input it is read from; and those that are not inputs (constants)
         at = {pos: k for k, (pos, _, _) in enumerate(cand.inputs)}
         data = r.compiled.layout.data
