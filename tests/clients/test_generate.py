@@ -10,8 +10,8 @@ a token's program runs at the host read that decides whether to stop, right afte
 - with ``cache_implementation="static"`` a whole call (greedy or sampling) builds at most 9 programs, and
   nothing between its fourth token and its last (its decode step is replayed from the fourth token:
   ``tests/test_generate_capture.py``; with ``lazyxla.config.capture_generate`` off, 3 programs): generate's
-  checks of the prompt (``(eos < 0).any()``, ...), its cache positions and its max-length flags are known values, computed on the host (``lazy/known.py``),
-  so they compile nothing and the decode step takes them as inputs;
+  checks of the prompt (``(eos < 0).any()``, ...), its cache positions and its max-length flags are known
+  values, computed on the host (``lazy/known.py``), so they compile nothing and the decode step takes them as inputs;
 - beam search (static cache) keeps its sequences at full length and reads them at the current length
   (``running[:, :, :cur_len]``, ``running_beam_indices[..., cur_len - prompt_len]``, ``topk[:, :, cur_len] = ids``):
   those positions become program inputs once they change (``lazy/positions.py``) and reads through the growing
