@@ -7,11 +7,13 @@ Each row runs in a fresh process (so its compile counts start from an empty cach
 off): one model built from a random config (nothing is downloaded), one KV cache (``cache_implementation=
 "static"`` or the default dynamic cache), one host-read policy (``lazyxla.config.host_read_computes``) and
 one decoding mode. The process generates with the same weights on the CPU (a warm-up call) and on lazyxla (a
-cold call), then ``--rounds`` rounds of one eager and one warm lazyxla call, interleaved so that the machine's
-load hits both alike; a logits processor notes, once per token, the time and lazyxla's counters. Per token it
-reports the compiles, the IR nodes executed and the milliseconds (a token's program runs at the host read
-that decides whether to stop, after the processor's call). Method and results:
-``docs/performance.md`` (generation).
+cold call), then ``--rounds`` rounds of one eager call, one warm lazyxla call that records every token
+(``lazyxla.config.capture_generate`` off) and one that replays the decode step (on: the default,
+``lazyxla/frontend/generation.py``), interleaved so that the machine's load hits all alike; a logits processor
+notes, once per token, the time, the process's CPU time and lazyxla's counters. Per token it reports the
+compiles, the IR nodes executed and the milliseconds of wall and CPU time (a token's program runs at the host
+read that decides whether to stop, after the processor's call). Method and results: ``docs/performance.md``
+(generation).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ SIZES = {  # hidden size, layers, heads, vocabulary, prompt length
     "tiny": (32, 2, 4, 64, 5),
     "small": (128, 4, 4, 512, 8),
 }
-COUNTERS = ("compiles", "nodes_executed", "executions")
+COUNTERS = ("compiles", "nodes_executed", "executions", "capture_replays")
 
 
 def build(model: str, size: str) -> torch.nn.Module:
@@ -88,7 +90,7 @@ class Probe(T.LogitsProcessor):
 
     def mark(self) -> None:
         c = lazyxla.metrics.counters()
-        self.marks.append((time.perf_counter(), {k: c[k] for k in COUNTERS}))
+        self.marks.append((time.perf_counter(), time.process_time(), {k: c.get(k, 0) for k in COUNTERS}))
 
     def __call__(self, input_ids, scores):
         self.mark()
@@ -108,15 +110,16 @@ def timed_generate(model, prompt: torch.Tensor, kw: dict[str, Any]) -> dict[str,
     marks = probe.marks
 
     def delta(a, b):
-        return {"s": b[0] - a[0], **{k: b[1][k] - a[1][k] for k in COUNTERS}}
+        return {"s": b[0] - a[0], "cpu_s": b[1] - a[1], **{k: b[2][k] - a[2][k] for k in COUNTERS}}
 
     per_token = [delta(a, b) for a, b in zip(marks[1:-2], marks[2:-1])]
     return {"tokens": tokens, "setup": delta(marks[0], marks[1]), "per_token": per_token, "read": delta(*marks[-2:])}
 
 
 def run_row(model_name: str, cache: str, policy: str, mode: str, tokens: int, size: str, rounds: int) -> dict:
-    """One row, in this process: an eager warm-up call, lazyxla's cold call, then ``rounds`` rounds of one eager
-    and one warm lazyxla call each (interleaved, so that the machine's load hits both alike)."""
+    """One row, in this process: an eager warm-up call, lazyxla's cold call (replaying the decode step) and a
+    recording one, then ``rounds`` rounds of one eager, one warm recording and one warm replaying lazyxla call
+    each (interleaved, so that the machine's load hits all alike)."""
     model = build(model_name, size)
     if mode == "greedy_no_eos":  # the per-token read then needs none of the token's work
         model.generation_config.eos_token_id = None
@@ -130,16 +133,22 @@ def run_row(model_name: str, cache: str, policy: str, mode: str, tokens: int, si
     lazyxla.config.host_read_computes = policy
     lazyxla.metrics.reset()
     cold = timed_generate(model, prompt.to(dev), kw)
-    eager, warm = [], []
+    with lazyxla.config.override(capture_generate=False):  # (its first call compiles its own decode programs)
+        recorded_cold = timed_generate(model, prompt.to(dev), kw)
+    eager, warm, recorded = [], [], []
     for _ in range(rounds):
         eager.append(timed_generate(cpu_model, prompt, kw))
+        with lazyxla.config.override(capture_generate=False):
+            recorded.append(timed_generate(model, prompt.to(dev), kw))
         warm.append(timed_generate(model, prompt.to(dev), kw))
     fallbacks = sorted(k for k in lazyxla.metrics.counters() if k.startswith("fallback."))
-    equal = all(torch.equal(run["tokens"], eager[0]["tokens"]) for run in (cold, *warm))
+    runs = (cold, recorded_cold, *warm, *recorded)
+    equal = all(torch.equal(run["tokens"], eager[0]["tokens"]) for run in runs)
     return {
         "model": model_name, "cache": cache, "policy": policy, "mode": mode, "tokens": tokens, "size": size,
         "equal_to_cpu": equal, "fallbacks": fallbacks, "cold": _drop_tokens(cold),
         "eager": [_drop_tokens(r) for r in eager], "warm": [_drop_tokens(r) for r in warm],
+        "recorded": [_drop_tokens(r) for r in recorded],
     }  # fmt: skip
 
 
@@ -162,8 +171,9 @@ def _child(row: tuple[str, str, str, str], tokens: int, size: str, rounds: int) 
 
 def summarize(r: dict[str, Any]) -> dict[str, Any]:
     """The table's numbers for one row: compiles (setup, per token, after token 3, final read), nodes per
-    token, the warm calls' compiles, and median ms per decode token."""
-    cold, warm, eager = r["cold"], r["warm"], r["eager"]
+    token, the warm calls' compiles, and median ms per decode token (wall and CPU time) of the replaying, the
+    recording and the eager calls."""
+    cold, warm, eager, recorded = r["cold"], r["warm"], r["eager"], r.get("recorded", [])
     per_token = [t["compiles"] for t in cold["per_token"]]
     nodes = [t["nodes_executed"] for t in cold["per_token"]]
     lazy_ms, eager_ms = _decode_ms(warm), _decode_ms(eager)
@@ -178,12 +188,19 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "lazyxla_ms_per_token": lazy_ms,
         "eager_ms_per_token": eager_ms,
         "ratio": R.ratio(lazy_ms, eager_ms),
+        "recorded_ms_per_token": _decode_ms(recorded) if recorded else None,
+        "lazyxla_cpu_ms_per_token": _decode_ms(warm, "cpu_s"),
+        "recorded_cpu_ms_per_token": _decode_ms(recorded, "cpu_s") if recorded else None,
+        "eager_cpu_ms_per_token": _decode_ms(eager, "cpu_s"),
+        "replayed_tokens": sum(t["capture_replays"] for run in warm for t in run["per_token"][1:]),
+        "decode_tokens": sum(len(run["per_token"]) - 1 for run in warm),
     }  # fmt: skip
 
 
-def _decode_ms(runs: list[dict[str, Any]]) -> float:
-    """Median milliseconds per decode token over ``runs`` (token 0 comes with the prefill: not counted)."""
-    return statistics.median(t["s"] for run in runs for t in run["per_token"][1:]) * 1e3
+def _decode_ms(runs: list[dict[str, Any]], key: str = "s") -> float:
+    """Median milliseconds per decode token over ``runs`` (token 0 comes with the prefill: not counted), of wall
+    time (``s``) or the process's CPU time (``cpu_s``)."""
+    return statistics.median(t[key] for run in runs for t in run["per_token"][1:]) * 1e3
 
 
 def _total(run: dict[str, Any], key: str) -> float:
@@ -205,19 +222,26 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['model']} {r['cache']} {r['mode']}", r["policy"], str(s["setup_compiles"]),
             _shown(s["compiles_per_token"]), str(s["compiles_after_token_3"]), str(s["read_compiles"]),
             f"{min(nodes[1:], default=0)}–{max(nodes[1:], default=0)}", str(s["warm_compiles"]), R.fmt(s["cold_s"]),
-            R.fmt(s["lazyxla_ms_per_token"]), R.fmt(s["eager_ms_per_token"]), R.fmt(s["ratio"]),
+            f"{s['replayed_tokens']}/{s['decode_tokens']}", R.fmt(s["lazyxla_ms_per_token"]),
+            R.fmt(s["recorded_ms_per_token"]), R.fmt(s["eager_ms_per_token"]), R.fmt(s["ratio"]),
+            R.fmt(s["lazyxla_cpu_ms_per_token"]), R.fmt(s["recorded_cpu_ms_per_token"]),
+            R.fmt(s["eager_cpu_ms_per_token"]),
             "yes" if r["equal_to_cpu"] and not r["fallbacks"] else "NO",
         ])  # fmt: skip
     tokens, size = rows[0]["tokens"], rows[0]["size"]
     return R.table(
         f"generate(): {tokens} new tokens, batch 2, {size} models {SIZES[size]} (hidden, layers, heads, vocab, prompt)",
         ["model cache mode", "reads compute", "setup", "compiles per token", "after tok 3", "final read",
-         "nodes/token", "2nd call", "cold s", "ms/tok lazyxla", "ms/tok eager", "x eager", "= CPU"],
+         "nodes/token", "2nd call", "cold s", "replayed", "ms/tok replay", "ms/tok record", "ms/tok eager",
+         "x eager", "cpu ms replay", "cpu ms record", "cpu ms eager", "= CPU"],
         lines,
         ["setup: compiles before the first token (generate's own checks of the prompt); compiles per token: at "
          "the host read after each token (token 0 with the prefill); final read: reading the output ids;",
-         "nodes/token: IR nodes executed per decode token, least and most; 2nd call: compiles of an "
-         "identical second call; ms/tok: median per decode token over the warm lazyxla calls and the eager ones;",
+         "nodes/token: IR nodes executed per decode token, least and most (a replayed forward's not counted); "
+         "2nd call: compiles of an identical second call; replayed: decode tokens whose forward was replayed, of "
+         "the warm calls'; ms/tok: median wall ms per decode token over the warm lazyxla calls (replaying the "
+         "decode step; recording every token, capture_generate off) and the eager ones; x eager: replay / eager;",
+         "cpu ms: the same medians of the process's CPU time (all its threads);",
          "= CPU: the same tokens as eager on the CPU and no CPU fallback"],
     )  # fmt: skip
 

@@ -126,6 +126,16 @@ FLAGS: tuple[Flag, ...] = (
         choices=("needed", "all"),
     ),
     Flag(
+        "capture_generate",
+        bool,
+        True,
+        "Hugging Face generate() on a lazyxla model with a static cache replays its decode step: where transformers "
+        "would torch.compile the forward (on CUDA), lazyxla captures it (lazyxla.compile(capture=True), the KV cache "
+        "as the step's state), so a warm token runs one program without recording its ops. Off: every token is "
+        "recorded. generate(..., disable_compile=True) turns it off for one call. See docs/performance.md "
+        "(generation).",
+    ),
+    Flag(
         "freeze_gc",
         bool,
         True,

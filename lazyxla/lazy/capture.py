@@ -250,6 +250,8 @@ class _Candidate:
         for name, loc in self.locations.items():
             after, before = loc.get(flat), start.objects.get(name, _none)()
             if after is None:
+                if name in start.present and name[0] == "held":
+                    raise NotCapturable(f"the step empties {_say(name)}")
                 if name in start.present:
                     self.outputs.append((name, _NONE, -1))
                 continue
@@ -258,6 +260,8 @@ class _Candidate:
             n = unwrap(after)._value[0]
             j = made.get(id(n))
             if j is not None:
+                if after is not before and name[0] == "held":  # (a replay writes a holder's tensors in place only)
+                    raise NotCapturable(f"the step replaces {_say(name)}: use a cache that it updates in place")
                 self.outputs.append((name, _SAME if after is before else _NEW, j))
                 claimed.add(j)
             elif n.op is not _DATA:
@@ -350,6 +354,8 @@ def _say(name: tuple) -> str:
         return f"optimizer {name[1]}'s state {name[3]!r} of parameter {name[2]}"
     if kind in ("buffer", "attribute"):
         return f"{kind} {name[2]!r} of module {name[1]}"
+    if kind == "held":  # (a tensor of an object passed as argument name[1]: step_world.register_holder)
+        return f"tensor {'.'.join(map(str, name[2:]))} of argument {name[1]}"
     return f"{kind} {name[1]}"
 
 
@@ -388,7 +394,13 @@ class _Entry:
         # the call's flattened arguments), and the arguments' (input, position among them)
         getters = [loc.getter() for _, loc, _, _ in self.inputs]
         self._getters = [g or _none for g in getters]
-        self._from_arguments = [(k, self.inputs[k][1].i) for k, g in enumerate(getters) if g is None]
+        self._from_arguments = [
+            (k, self.inputs[k][1].i) for k, g in enumerate(getters) if g is None and self.names[k][0] == "argument"
+        ]
+        # (and the tensors inside an argument, e.g. a KV cache's: step_world.register_holder)
+        self._from_holders = [
+            (k, self.inputs[k][1]) for k, g in enumerate(getters) if g is None and self.names[k][0] != "argument"
+        ]
         # per program data argument: the input it is read from; and those that are not inputs (constants)
         at = {pos: k for k, (pos, _, _) in enumerate(cand.inputs)}
         data = r.compiled.layout.data
@@ -451,7 +463,10 @@ class _Entry:
         quiet = self._quiet == _quiet_key()
         busy = quiet and self._made != _made()
         if not quiet or busy:
-            graph.sync(reason="a captured step")  # as the region would: pending work first
+            # as the region would: pending work first; but a pending concatenation (generate()'s growing ids)
+            # stays pending: the verified program read none of it (its inputs are device data, checked below),
+            # and computing it would be a program of a new shape each call
+            graph.sync_but_concatenations(reason="a captured step")
         leaves = list(self.template)
         inner = {}  # per input: the LazyTensor read from its location
         checked = self._inputs(flat, leaves, inner, quiet)
@@ -525,6 +540,8 @@ class _Entry:
         ts = list(map(_call, self._getters))
         for k, i in self._from_arguments:
             ts[k] = flat[i]
+        for k, loc in self._from_holders:
+            ts[k] = loc.get(flat)
         if quiet and self._cache is not _NO_CACHE:
             fast = self._fast or self._fast_plan()
             if self._found(fast, ts, leaves, inner):

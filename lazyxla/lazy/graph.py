@@ -456,6 +456,25 @@ def sync(wait: bool = False, reason: str = "lazyxla.sync()") -> SyncReport:
 _gc_frozen = False
 
 
+def sync_but_concatenations(reason: str) -> None:
+    """``sync()``, except that a pending concatenation stays pending with its pieces computed, and so do views of
+    device data (as a host read with ``host_read_computes="all"`` leaves them): the pending work before a replayed
+    captured step, whose program reads none of them (its inputs are device data in known locations, checked).
+
+    Why: a generation loop grows its ids by one ``torch.cat`` per token, which it reads only at its end; computing
+    that concatenation before each token's step would be a program of a new shape, compiled, at every token.
+
+    Example::
+
+        sync_but_concatenations("a captured step")
+    """
+    want = _all_pending_but_concatenations()
+    if want:
+        metrics.inc("syncs")
+        session.new_epoch()
+        _compute(want, True, f"{reason} at {diagnostics.note_sync(reason)}")
+
+
 def _freeze_gc_once() -> None:
     """``config.freeze_gc``: the first full sync freezes what is alive then (see the flag's help)."""
     global _gc_frozen

@@ -147,6 +147,109 @@ def is_lazyxla(v) -> bool:
     return isinstance(v, torch.Tensor) and devices.on_device(v)
 
 
+# ---- objects that hold a step's state (a KV cache passed as an argument) ----------------------------------------
+
+_HOLDERS: list[type] = []  # classes whose instances, passed as arguments, are walked (``register_holder``)
+_MAX_DEPTH = 4  # how deep a holder's attributes are walked (a cache, its sub-caches, their layers, a dict)
+
+
+def register_holder(cls: type) -> None:
+    """Make an instance of ``cls`` (or of a subclass) passed to a captured step a holder of the step's state: the
+    device tensors among its attributes, and those of the objects, lists and dicts it holds (``_walk``), are known
+    locations (read as inputs, changed in place or replaced by results, as a module's buffers), and its numbers are
+    guards. Used for Hugging Face's KV caches (``frontend/generation.py``), which keep their tensors in plain
+    Python objects that are no modules.
+
+    Example::
+
+        register_holder(transformers.Cache)
+        step(input_ids, cache=cache)      # cache.layers[i].keys is read, and written in place, by a replay
+    """
+    global _PLAIN
+    if cls not in _HOLDERS:
+        _HOLDERS.append(cls)
+        # (a holder among the arguments keeps ``flatten``'s fast path: it is one leaf)
+        _PLAIN = (torch.Tensor, *NUMBERS, *_HOLDERS)
+
+
+def is_holder(v) -> bool:
+    return bool(_HOLDERS) and isinstance(v, tuple(_HOLDERS))
+
+
+class _Held:
+    """A tensor inside a holder (``register_holder``) passed as the ``i``-th argument: reached from each call's own
+    argument along ``path`` (attribute names, dict keys, list indices), so a replay reads and writes the holder of
+    the call (a new cache object per ``generate()`` call), not the one the step was verified with."""
+
+    __slots__ = ("i", "path")
+
+    def __init__(self, i: int, path: tuple) -> None:
+        self.i, self.path = i, path
+
+    def _owner(self, flat):
+        obj = flat[self.i]
+        for kind, key in self.path[:-1]:
+            obj = getattr(obj, key) if kind == "attr" else obj[key]
+        return obj
+
+    def get(self, flat):
+        kind, key = self.path[-1]
+        owner = self._owner(flat)
+        return getattr(owner, key, None) if kind == "attr" else owner.get(key)
+
+    def getter(self):
+        return None  # (read from each call's arguments, as ``_Arg``)
+
+    def clearer(self):
+        raise NotCapturable(f"the step empties tensor {_path_name(self.path)} of argument {self.i}")
+
+    def set(self, value) -> None:  # (never called: a candidate that replaces or empties one is refused, ``written``)
+        raise NotCapturable(f"the step replaces tensor {_path_name(self.path)} of argument {self.i}")
+
+
+def _path_name(path: tuple) -> str:
+    return ".".join(str(key) for _, key in path)
+
+
+def _walk(obj, path: tuple, depth: int, places: list, guard: list, seen: dict) -> None:
+    """The tensor places under ``obj`` into ``places`` ((path, tensor)) and what a guard compares into ``guard``:
+    each object's class, each device tensor's dtype and shape and which earlier place holds the same tensor (a
+    replay reads each place of the call's own holder), numbers by value (a flag such as a cross-attention cache's
+    ``is_updated`` changes the program), CPU tensors as ``_describe``. Objects, dicts and lists are walked
+    ``_MAX_DEPTH`` deep."""
+    guard.append(type(obj))
+    if type(obj) is dict:
+        items, kind = obj.items(), "item"
+    elif type(obj) in (list, tuple):
+        items, kind = enumerate(obj), "index"
+        guard.append(len(obj))
+    else:
+        items, kind = vars(obj).items(), "attr"
+    for key, v in items:
+        step = (*path, (kind, key))
+        if isinstance(v, torch.Tensor):
+            if is_lazyxla(v):
+                guard.append((key, v.dtype, tuple(v.shape), seen.setdefault(id(v), len(places))))
+                places.append((step, v))
+            else:
+                guard.append((key, _describe(v)))
+        elif type(v) in NUMBERS:
+            guard.append((key, type(v), v))
+        elif depth < _MAX_DEPTH and (type(v) in (dict, list, tuple) or (hasattr(v, "__dict__") and not callable(v))):
+            guard.append(key)
+            _walk(v, step, depth + 1, places, guard, seen)
+        else:
+            guard.append((key, _describe(v)))
+
+
+def held(obj) -> tuple[list, tuple]:
+    """A holder's tensor places ((path, tensor)) and its guard (``_walk``)."""
+    places: list = []
+    guard: list = []
+    _walk(obj, (), 0, places, guard, {})
+    return places, tuple(guard)
+
+
 class World:
     """The modules a step calls and the optimizers it steps, and the tensor locations they hold."""
 
@@ -183,6 +286,9 @@ class World:
         for i, v in enumerate(flat):
             if isinstance(v, torch.Tensor):
                 locs[("argument", i)] = _Arg(i)
+            elif _HOLDERS and is_holder(v):  # (a KV cache: register_holder)
+                for path, _ in held(v)[0]:
+                    locs[("held", i, *(key for _, key in path))] = _Held(i, path)
         for k, cell in enumerate(getattr(self.fn, "__closure__", None) or ()):
             if is_lazyxla(_Cell(cell).get(flat)):
                 locs[("closure", k)] = _Cell(cell)
@@ -328,6 +434,8 @@ def _describe_argument(v):
     """A guard's view of an argument: tensors (a new batch every call) by dtype and shape only."""
     if isinstance(v, torch.Tensor) and v.device.type != "cpu":
         return ("tensor", v.dtype, tuple(v.shape), v.requires_grad)
+    if _HOLDERS and is_holder(v):  # (its tensors by identity, its numbers by value: ``_walk``)
+        return ("holder", held(v)[1])
     return _describe(v)
 
 

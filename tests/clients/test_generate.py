@@ -7,10 +7,11 @@ falling back to the CPU (the conftest guard), and an identical second call must 
 Per token (a logits processor notes lazyxla's counters each time generation asks for the next token's scores;
 a token's program runs at the host read that decides whether to stop, right after):
 
-- with ``cache_implementation="static"`` a whole call (greedy or sampling) builds at most 3 programs, and
-  nothing between its third token and its last: generate's checks of the prompt (``(eos < 0).any()``, ...),
-  its cache positions and its max-length flags are known values, computed on the host (``lazy/known.py``),
-  so they compile nothing and the decode step takes them as inputs;
+- with ``cache_implementation="static"`` a whole call (greedy or sampling) builds at most 9 programs, and
+  nothing between its fourth token and its last (its decode step is replayed from the fourth token:
+  ``tests/test_generate_capture.py``; with ``lazyxla.config.capture_generate`` off, 3 programs): generate's
+  checks of the prompt (``(eos < 0).any()``, ...), its cache positions and its max-length flags are known
+  values, computed on the host (``lazy/known.py``), so they compile nothing and the decode step takes them as inputs;
 - beam search (static cache) keeps its sequences at full length and reads them at the current length
   (``running[:, :, :cur_len]``, ``running_beam_indices[..., cur_len - prompt_len]``, ``topk[:, :, cur_len] = ids``):
   those positions become program inputs once they change (``lazy/positions.py``) and reads through the growing
@@ -119,19 +120,30 @@ def test_generate_gives_cpu_tokens_without_a_compile_per_token(name, mode, cache
     assert torch.equal(got, want), (got, want)
     compiles, nodes = probe.per_token()
     assert len(compiles) == kw["max_new_tokens"]  # the run did not stop early: every token was decoded
-    if cache == "static":
+    if cache == "static" and mode == "beam":
         assert sum(compiles[1:]) <= 3 and sum(compiles[3:-1]) == 0, compiles
-        # the whole call, prompt checks and output read included (lazy/known.py computes the checks); beam search:
-        # see the module's docstring
-        bound = 3 if mode != "beam" else 9 if model.config.is_encoder_decoder else 7
+    elif cache == "static":  # the decode step is replayed (frontend/generation.py): its own programs, then none
+        assert sum(compiles[1:]) <= 8 and sum(compiles[4:-1]) == 0, compiles
+    if cache == "static":
+        # the whole call, prompt checks and output read included (lazy/known.py computes the checks); greedy and
+        # sampling: the recorded decode tokens' programs, then the replayed forward's and the rest of a token's;
+        # beam search: see the module's docstring
+        bound = 9 if mode != "beam" else 9 if model.config.is_encoder_decoder else 7
         assert probe.marks[-1][0] - probe.start <= bound, (probe.marks[-1][0] - probe.start, compiles)
     if mode == "beam":  # the last mark holds beam search's final reads too (the output length, its slices)
         assert sum(compiles[2:-1]) == 0 and max(nodes[2:-1]) <= nodes[1], (compiles, nodes)
-    else:
-        assert max(nodes[2:]) <= nodes[1], nodes  # the work per token does not grow
+    else:  # the work per token does not grow (static: the recorded tokens' step runs in programs of its own)
+        assert max(nodes[4 if cache == "static" else 2 :]) <= nodes[1], nodes
     lazyxla.metrics.reset()
     again, _ = _generate(model, _prompt().to(dev), **kw)
     assert torch.equal(again, want)
+    if cache == "static" and mode != "beam":
+        # a second call's first replayed token runs the prefill's left-over work in a program of its own, compiled
+        # once (a known gap: docs/performance.md, generation); a third call compiles nothing
+        assert lazyxla.metrics.counters()["compiles"] <= 1
+        lazyxla.metrics.reset()
+        again, _ = _generate(model, _prompt().to(dev), **kw)
+        assert torch.equal(again, want)
     assert lazyxla.metrics.counters()["compiles"] == 0
 
 
@@ -196,7 +208,7 @@ def test_generate_without_an_eos_token_computes_each_token(policy, dev):
         got, probe = _generate(model, _prompt().to(dev), **kw)
     assert torch.equal(got, want)
     compiles, nodes = probe.per_token()
-    assert sum(compiles[3:-1]) == 0, compiles
+    assert sum(compiles[4:-1]) == 0, compiles  # (the decode step replays from the fourth token)
     assert max(nodes[3:]) <= max(nodes[1:3]), nodes
     output_read = lazyxla.metrics.counters()["nodes_executed"] - probe.marks[-1][1]
     # the last token's work and the output's own ops (a read computes one token late), not the generation's
