@@ -18,9 +18,10 @@ from lazyxla import torch_private
 from lazyxla.config import config
 from lazyxla.device.devices import on_device
 from lazyxla.lazy import graph
-from lazyxla.lazy.meta import leaves, shared_scalars
+from lazyxla.lazy.meta import leaves, record, shared_scalars
 from lazyxla.lazy.special import cpu_to_lazy, inside_decomposition, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor, retarget, set_value
+from lazyxla.lowering.rules.foreach import GROUPS, element_op, split
 from lazyxla.observe import metrics
 from lazyxla.util import warn_once
 
@@ -102,41 +103,7 @@ def inplace(functional, args, kwargs, dispatch):
     return args[0]
 
 
-_ELEMENT_OVERLOADS = {
-    "Scalar": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
-    "ScalarList": ("Scalar", "Tensor_Scalar", "default", "Tensor"),
-    "List": ("Tensor", "default", "Tensor_Tensor"),
-    "Tensor": ("Tensor", "default", "Tensor_Tensor"),
-    "default": ("default",),
-    "ScalarAndTensor": ("Scalar",),
-}
-
-
-_FOREACH_CLAMPS = {"maximum": aten.clamp_min.default, "minimum": aten.clamp_max.default}
-
-
-@functools.cache
-def foreach_element_op(func):
-    """``aten._foreach_x.ov`` -> the per-tensor op ``aten.x.<matching overload>`` (or None)."""
-    name = func._schema.name.split("::")[1][len("_foreach_") :].rstrip("_")
-    if name == "norm":
-        return aten.linalg_vector_norm.default
-    if name in _FOREACH_CLAMPS and func._overloadname in ("Scalar", "ScalarList"):
-        return _FOREACH_CLAMPS[name]  # aten.maximum takes no number: a tensor's maximum with one is clamp_min
-    packet = getattr(aten, name, None)
-    if packet is None:
-        return None
-    names = [ov for ov in _ELEMENT_OVERLOADS.get(func._overloadname, ()) if ov in packet.overloads()]
-    candidates = [getattr(packet, ov) for ov in names]
-    # the first whose arguments take one element of each foreach argument: pow.Tensor_Scalar for
-    # _foreach_pow.Scalar (pow.Scalar takes the number first), clamp_min.default for _foreach_clamp_min.Scalar
-    types = [a.type for a in func._schema.arguments]
-    want = [str(t.getElementType() if isinstance(t, torch.ListType) else t) for t in types]
-    for op in candidates:
-        have = [str(a.type) for a in op._schema.arguments]
-        if have[: len(want)] == want:
-            return op
-    return candidates[0] if candidates else None
+foreach_element_op = element_op  # (the name lazy.record routes by)
 
 
 def _one_object_per_number(arg):
@@ -152,30 +119,16 @@ def _one_object_per_number(arg):
 
 
 def foreach(func, args, kwargs, dispatch):
-    """``_foreach_x(lists...)``: ``x`` applied to each element through ``dispatch``, arguments matched by
-    schema position."""
-    op = foreach_element_op(func)
-    if op is None:
-        return None
-    fnames = [a.name for a in func._schema.arguments]
-    bound = list(args) + [kwargs[n] for n in fnames[len(args) :] if n in kwargs]
-    if op is aten.linalg_vector_norm.default:  # (self, ord, dtype) -> (self, ord, dim, keepdim, dtype)
-        bound = bound[:2] + [None, False] + bound[2:]
-    params = op._schema.arguments[: len(bound)]
-    lists = next(b for b in bound if isinstance(b, (list, tuple)))
-    bound = [_one_object_per_number(b) for b in bound]
-    numbers = [x for b in bound for x in (b if isinstance(b, (list, tuple)) else (b,))]
-    results = []
+    """``_foreach_x(lists...)``: one node when ``x`` has a rule (``lowering.rules.foreach``: recorded through
+    ``dispatch``'s recorder, ``record``), else ``x`` applied to each element through ``dispatch``, arguments matched
+    by schema position. Equal Python numbers share one graph input either way."""
+    args = tuple(_one_object_per_number(a) for a in args)
+    kwargs = {k: _one_object_per_number(v) for k, v in kwargs.items()}
+    numbers = [x for b in (*args, *kwargs.values()) for x in (b if isinstance(b, (list, tuple)) else (b,))]
     with shared_scalars(numbers):  # one graph input per number object, not one per tensor
-        for i in range(len(lists)):
-            pos, kw = [], {}
-            for p, b in zip(params, bound):
-                v = b[i] if isinstance(b, (list, tuple)) else b
-                if p.kwarg_only:
-                    kw[p.name] = v
-                else:
-                    pos.append(v)
-            results.append(dispatch(op, tuple(pos), kw))
+        if func in GROUPS and any(isinstance(a, list) and a for a in args):
+            return record(func, args, kwargs)
+        results = [dispatch(element_op(func), tuple(pos), kw) for pos, kw in split(func, args, kwargs)]
     if func._schema.name.endswith("_"):
         retarget(args[0], [r._value for r in results])
         return None

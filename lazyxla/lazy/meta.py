@@ -559,6 +559,9 @@ def _build(spec, n, fresh=False):
         return LazyTensor((n, spec), n.avals[spec], fresh=fresh)
     if spec[0] == "const":
         return spec[1]
+    if spec[0] is list:  # a foreach group's outputs (lowering/rules/foreach.py): many, each a tensor
+        avals = n.avals
+        return [LazyTensor((n, s), avals[s], fresh=fresh) if type(s) is int else _build(s, n, fresh) for s in spec[1]]
     return spec[0](_build(s, n, fresh) for s in spec[1])
 
 

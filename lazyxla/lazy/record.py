@@ -35,6 +35,7 @@ from lazyxla.lazy.meta import DeviceMismatch, NoMeta, check_before_decomposing, 
 from lazyxla.lazy.special import SPECIAL
 from lazyxla.lazy.tensor import LazyTensor, set_dispatch
 from lazyxla.lowering.registry import RULES
+from lazyxla.lowering.rules.foreach import GROUPS
 from lazyxla.util import Memo
 
 # Ops the device's own kernels take before any dispatch here (factories, empty, copies): filled by _core.
@@ -103,8 +104,11 @@ _routes = Memo("lazyxla.lazy.record._routes", limit=20_000)
 
 def _route(func) -> Route:
     special = SPECIAL.get(func)
-    foldable = (special is None and func in RULES) or func in FOLDABLE_SPECIAL  # lazy/known.py may compute it
-    route = Route(special, func in RULES, scalar_args(func), foldable, bounds.checker(func), indices.preparer(func))
+    # a foreach group (lowering/rules/foreach.py) has a rule, but is recorded by lazy.decompose.foreach, which makes
+    # its equal Python numbers one input each (and lazy/known.py computes its elements one by one)
+    rule = func in RULES and func not in GROUPS
+    foldable = (special is None and rule) or func in FOLDABLE_SPECIAL  # lazy/known.py may compute it
+    route = Route(special, rule, scalar_args(func), foldable, bounds.checker(func), indices.preparer(func))
     return _routes.remember(id(func), route)
 
 
@@ -149,6 +153,8 @@ def _dispatch(func, args, kwargs):
             return record(func, args, kwargs, scalars)
         except NoMeta:
             why = "has an output shape that depends on the data (or no meta kernel) for these arguments"
+    if func in GROUPS:  # one node (lowering/rules/foreach.py); its recorder checks the devices of its lists
+        return foreach(func, args, kwargs, dispatch)
     _check_devices(args, kwargs)
     if func._schema.name.startswith("aten::_foreach_") and foreach_element_op(func) is not None:
         return foreach(func, args, kwargs, dispatch)

@@ -11,8 +11,9 @@ import torch
 
 from lazyxla.device import devices
 from lazyxla.device.devices import np_dtype
-from lazyxla.ir import Aval, In, Leaf, Node
+from lazyxla.ir import Aval, In, Leaf, Node, slot
 from lazyxla.lowering.registry import PACKED, RULES, Ctx
+from lazyxla.lowering.rules.foreach import GROUPS, split
 
 
 class LoweringError(RuntimeError):
@@ -124,6 +125,9 @@ def evaluate(order: list[Node], env: dict, scalar, axis: str | None = None, worl
 def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
     """Lower one node given its input arrays (Python scalars already in ``_scalar_dtype(n)``); returns
     the list of its output arrays."""
+    element = GROUPS.get(n.op)
+    if element is not None:
+        return _apply_group(n, element, ins, axis, world)
     rule = RULES[n.op]
     ctx = Ctx(n.avals, axis=axis, world=world)
     if rule.opmath and _opmath(n):  # the rule computes in float32; the result is rounded once, below
@@ -151,6 +155,42 @@ def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
         want = np_dtype(aval.dtype)
         result.append(o if o.dtype == want else o.astype(want))
     return result
+
+
+def _apply_group(n: Node, element, ins: list, axis: str | None, world: int) -> list:
+    """A foreach group (``rules/foreach.py``): per tensor, the node its element op would have had (the group's
+    inputs that element reads, its template renumbered, its output aval), lowered with the element's rule; the
+    group's Python numbers arrive packed and are converted as that node converts them."""
+    targs, tkw = n.template
+    outs = []
+    for i, (pos, kw) in enumerate(split(n.op, targs, dict(tkw), lists=(tuple,))):
+        used = sorted({x.i for x in _slots((pos, kw))})
+        local = {g: j for j, g in enumerate(used)}
+        template = (tuple(_renumber(a, local) for a in pos), tuple((k, _renumber(kw[k], local)) for k in sorted(kw)))
+        inputs = tuple(n.inputs[g] for g in used)
+        one = Node(element, inputs, template, (n.avals[i],), 0, None, n.device)
+        one_ins = [scalar_as(one, m, ins[g]) if m.op is Leaf.SCALAR else ins[g] for g, (m, _) in zip(used, inputs)]
+        outs.extend(apply(one, one_ins, axis, world))
+    return outs
+
+
+def _slots(x):
+    if type(x) is In:
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for e in x:
+            yield from _slots(e)
+    elif isinstance(x, dict):
+        for e in x.values():
+            yield from _slots(e)
+
+
+def _renumber(x, local: dict):
+    if type(x) is In:
+        return slot(local[x.i])
+    if type(x) is tuple:
+        return tuple(_renumber(e, local) for e in x)
+    return x
 
 
 def _failed(n: Node, e: Exception) -> str:

@@ -10,6 +10,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     distance,
     embedding,
     fft,
+    foreach,
     indexing,
     linalg,
     loss,
@@ -24,3 +25,5 @@ from lazyxla.lowering.rules import (  # noqa: F401
     sorting,
     view,
 )
+
+foreach.register()  # after every other module: a foreach op is grouped when its element op has a rule
