@@ -28,7 +28,7 @@ def _call(func, a, b, c):
     """One call of foreach overload ``func`` built from its schema: lists for Tensor[], numbers for Scalar(s)."""
     args = []
     for arg in func._schema.arguments:
-        t, name = str(arg.type), arg.name
+        t = str(arg.type)
         if arg.kwarg_only or arg.has_default_value():
             continue
         if t == "List[Tensor]":
