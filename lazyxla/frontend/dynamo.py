@@ -94,6 +94,7 @@ from lazyxla.lazy.graph import plan_values, prepare
 from lazyxla.lazy.placeholders import disarm, placeholder
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
+from lazyxla.lazy.step_world import make_compilable
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.registry import RULES
 from lazyxla.lowering.rules import compiled_graph
@@ -549,6 +550,19 @@ def allow_in_graph(*fns: Callable) -> None:
             torch.compiler.allow_in_graph(fn)
 
 
+def _prepare_optimizer(opt: torch.optim.Optimizer) -> None:
+    """Dynamo is about to trace ``opt``'s step: on lazyxla parameters, make its step counters device tensors
+    (``capturable``, which Dynamo does for CUDA only) and a scheduler-driven learning rate a device tensor
+    (``make_compilable``). Else the compiled step writes the counters back to the CPU every call (a host read per
+    parameter) and a learning rate that changes every step recompiles every step."""
+    if any(on_device(p) for g in opt.param_groups for p in g["params"]):
+        make_compilable(opt)
+
+
+def _optimizers_in(module) -> None:
+    torch_private.before_dynamo_traces_optimizer(module, _prepare_optimizer)
+
+
 def _allow_in(dynamo) -> None:
     _dynamo_loaded[0] = True
     for fn in _IN_GRAPH:
@@ -558,6 +572,7 @@ def _allow_in(dynamo) -> None:
 _ON_IMPORT = {
     torch_private.DYNAMO_BACKEND_REGISTRY: _register_in,
     torch_private.DYNAMO_TRACE_RULES: _skip_in,
+    torch_private.DYNAMO_OPTIMIZER: _optimizers_in,
     torch_private.DYNAMO: _allow_in,  # (after the package's own import: allow_in_graph needs all of it)
 }
 
