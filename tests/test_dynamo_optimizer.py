@@ -173,4 +173,3 @@ def test_fused_adam_runs_in_lazy_mode_as_one_update_op(dev):
         s.get("ops_recorded", 0) for s in stats
     ]
     assert all(s.get("compiles", 0) == 0 for s in stats[2:])
-
