@@ -32,6 +32,22 @@ become one XLA program, cached by graph key like any lazy step. The op's constan
 same in every process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
 call records no ATen op (``ops_recorded`` does not move); it counts ``dynamo_calls``.
 
+The optimizer step: ``torch.compile(opt.step, backend="lazyxla")``, or a whole step function (Dynamo breaks the
+graph at ``loss.backward()`` and ``opt.zero_grad()``; each piece is one node). Dynamo traces the foreach
+implementation into an inference graph; PyTorch marks fused steps ``torch.compiler.disable``, so those run in lazy
+mode (one node for the update, one ``add`` per step counter). When Dynamo starts tracing an optimizer over lazyxla
+parameters (``torch_private.before_dynamo_traces_optimizer``), the optimizer is made ``capturable`` (Dynamo does so
+for CUDA only): its step counters become device tensors, else each call would write them back to the CPU, a host
+read per parameter. A learning rate an LR scheduler drives (Adam, AdamW, SGD) becomes a 0-d device tensor the
+scheduler fills in place, as PyTorch advises for compiled optimizers: Dynamo bakes a Python float lr into the graph
+(``alpha=-lr`` specializes it) and would recompile for every value, up to its recompile limit (8), then run the step
+in lazy mode. A float lr the user assigns every step (``group["lr"] = f(step)``) still recompiles per value: assign
+into the tensor instead (``group["lr"].fill_(f(step))``) or pass ``lr=torch.tensor(...)``. Inference graphs keep
+their input writes (``keep_inference_input_mutations``): the trace turns each ``copy_`` into its input into an
+output, and a call gives those inputs their new values by three C calls each (functionalization's replace, commit,
+sync: views see them) instead of AOTAutograd's epilogue of one dispatched ``copy_`` per written tensor (an AdamW step
+writes four per parameter); a written input that is not a lazyxla tensor is copied into.
+
 Inputs: Python floats inside a graph are its constants (Dynamo specializes on them) and are baked into
 the trace; a float Dynamo passes as a 0-d CPU tensor goes to the device each call, as lazy mode takes
 0-d CPU tensors. Graphs with symbolic sizes (after a shape change Dynamo recompiles with dynamic
