@@ -25,14 +25,7 @@ from typing import Any
 from benchmarks import report as R
 from benchmarks import spec as S
 
-FRAMEWORKS = (
-    "jax.jit",
-    "lazyxla",
-    S.COMPILED_LAZY_OPTIMIZER,
-    "lazyxla compiled",
-    "lazyxla captured",
-    "lazyxla captured" + S.ZERO_GRAD_FIRST,
-)
+FRAMEWORKS = ("jax.jit", "lazyxla", "lazyxla captured", "lazyxla captured" + S.ZERO_GRAD_FIRST)
 WARMUP = 6  # a captured step replays from its third or fourth call
 
 

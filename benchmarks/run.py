@@ -16,8 +16,7 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 (g) overlap: lazyxla's step with each loss read at once vs one step late (recording step N+1 while the
     device runs step N);
 (h) program size: StableHLO lines of lazyxla's warm training step against jax.value_and_grad's;
-(i) host time of a warm step, each framework alone (jax.jit, lazy mode, torch.compile with and without the
-    optimizer step, whole-step capture in both idioms), at
+(i) host time of a warm step, each framework alone (jax.jit, lazy mode, whole-step capture in both idioms), at
     the benchmark size and with the same model structure at negligible compute (the host's part on an
     accelerator).
 

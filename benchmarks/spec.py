@@ -29,7 +29,8 @@ FRAMEWORKS = (
     "lazyxla captured" + ZERO_GRAD_FIRST,
 )
 # lazyxla compiled: the same lazyxla step with model + loss and the optimizer step under
-# torch.compile(backend="lazyxla"); COMPILED_LAZY_OPTIMIZER: model + loss only (the optimizer step in lazy mode)
+# torch.compile(backend="lazyxla"); COMPILED_LAZY_OPTIMIZER: model + loss only (the optimizer step in lazy mode),
+# not in FRAMEWORKS: benchmarks/compiled_step.py sets it side by side with the two others
 COMPILED_LAZY_OPTIMIZER = "lazyxla compiled, lazy optimizer"
 # lazyxla captured: the whole step under lazyxla.compile(capture=True) (warm steps replayed without recording)
 MODELS = ("mlp", "gpt")
