@@ -4,8 +4,8 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 (``make bench``). Sections, each printed as a table with medians, min–max and ratios to jax.jit:
 
 (a), (b) a training step of an MLP and of a small GPT, the frameworks' steps interleaved in rounds: jax.jit,
-    eager, lazyxla (lazy mode) and lazyxla compiled (model + loss under torch.compile(backend="lazyxla"),
-    the optimizer in lazy mode), with each torch step's host time before the sync (recording); each torch
+    eager, lazyxla (lazy mode) and lazyxla compiled (model + loss and ``opt.step`` under
+    torch.compile(backend="lazyxla")), with each torch step's host time before the sync (recording); each torch
     framework in both loop idioms: ``zero_grad()`` after ``step()``, and first in the loop (", zero_grad first":
     the gradients are alive at the sync);
 (c) time to the first step (tracing + compile) in a fresh process per framework and model, and for
@@ -321,8 +321,8 @@ def training_table(tag: str, res: dict, comp: dict) -> str:
     notes = [
         f"lazyxla compiles in steps 1..{len(comp['first_steps'])}: {comp['first_steps']}; "
         f"after step 2: {comp['after_step_2']} (over {comp['steps']} steps); CPU fallbacks: {fallbacks}",
-        "lazyxla compiled: model + loss under torch.compile(backend='lazyxla') (one forward and one backward IR "
-        "op per step), optimizer in lazy mode.",
+        "lazyxla compiled: model + loss and opt.step under torch.compile(backend='lazyxla') (one forward, one "
+        "backward and one optimizer IR op per step).",
         "record ms: host time of a step before its sync (forward, backward, optimizer; eager computes meanwhile).",
         "host ms per warm step: CPU time of the step's thread until its loss is read (recording, sync and dispatch;"
         " jax.jit: its dispatch; eager: its computation) - on an accelerator, the host's part of a step.",

@@ -28,7 +28,10 @@ FRAMEWORKS = (
     "lazyxla captured",
     "lazyxla captured" + ZERO_GRAD_FIRST,
 )
-# lazyxla compiled: the same lazyxla step with model + loss under torch.compile(backend="lazyxla")
+# lazyxla compiled: the same lazyxla step with model + loss and the optimizer step under
+# torch.compile(backend="lazyxla"); COMPILED_LAZY_OPTIMIZER: model + loss only (the optimizer step in lazy mode),
+# not in FRAMEWORKS: benchmarks/compiled_step.py sets it side by side with the two others
+COMPILED_LAZY_OPTIMIZER = "lazyxla compiled, lazy optimizer"
 # lazyxla captured: the whole step under lazyxla.compile(capture=True) (warm steps replayed without recording)
 MODELS = ("mlp", "gpt")
 # The device eager PyTorch runs on: the CPU by default; ``cuda`` on a GPU host (``benchmarks.agreement

@@ -66,7 +66,7 @@ def _mlp(spec: S.MLPSpec) -> nn.Module:
 def _device(framework: str) -> torch.device:
     if framework == "eager":
         return torch.device(os.environ.get(S.EAGER_DEVICE_VARIABLE, "cpu"))
-    if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
+    if framework in ("lazyxla", "lazyxla compiled", S.COMPILED_LAZY_OPTIMIZER, "lazyxla captured"):
         import lazyxla
 
         return lazyxla.device()
@@ -89,7 +89,9 @@ def setup(
     Parameters and the batch come from :mod:`benchmarks.spec` and are on the device when this returns (for
     lazyxla, waited for).
     'lazyxla compiled' runs model + loss as ``torch.compile(..., backend="lazyxla")`` (one forward and
-    one backward IR op per step); the optimizer step stays in lazy mode. 'lazyxla captured' runs the whole step
+    one backward IR op per step) and the optimizer step as ``torch.compile(opt.step, backend="lazyxla")`` (one
+    more); ``S.COMPILED_LAZY_OPTIMIZER`` compiles model + loss only, the optimizer step recorded op by op in lazy
+    mode. 'lazyxla captured' runs the whole step
     under ``lazyxla.compile(capture=True)``: from its third or fourth call on, replayed without recording (its
     AdamW becomes ``capturable``, as under torch.compile). ``autocast``: model + loss run under
     ``torch.autocast(<the device's type>, dtype=autocast)`` (e.g. ``torch.bfloat16``).
@@ -118,22 +120,25 @@ def setup(
             with torch.autocast(dev.type, dtype=autocast):
                 return plain(a, b)
 
-    if framework in ("lazyxla", "lazyxla compiled", "lazyxla captured"):
+    step = opt.step
+    if framework in ("lazyxla", "lazyxla compiled", S.COMPILED_LAZY_OPTIMIZER, "lazyxla captured"):
         import lazyxla
 
         sync = lazyxla.sync
         lazyxla.sync(wait=True)
-    if framework == "lazyxla compiled":
+    if framework in ("lazyxla compiled", S.COMPILED_LAZY_OPTIMIZER):
         from lazyxla import dynamo  # noqa: F401  (registers the "lazyxla" backend; importing lazyxla does too)
 
         forward = torch.compile(forward, backend="lazyxla")
+    if framework == "lazyxla compiled":
+        step = torch.compile(opt.step, backend="lazyxla")
 
     def record() -> torch.Tensor:
         if zero_grad_first:
             opt.zero_grad()
         loss = forward(x, y)
         loss.backward()
-        opt.step()
+        step()
         if not zero_grad_first:
             opt.zero_grad()
         return loss

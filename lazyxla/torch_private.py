@@ -425,6 +425,7 @@ MetaTensorDescriber = meta_utils.MetaTensorDescriber
 DYNAMO = "torch._dynamo"
 DYNAMO_BACKEND_REGISTRY = "torch._dynamo.backends.registry"
 DYNAMO_TRACE_RULES = "torch._dynamo.trace_rules"
+DYNAMO_OPTIMIZER = "torch._dynamo.variables.optimizer"  # how Dynamo traces an optimizer's step
 
 
 @contextlib.contextmanager
@@ -459,6 +460,25 @@ def wrap_default_compile_backend(wrap: Callable[[Callable], Callable]) -> None:
     if not getattr(cls.__call__, "_lazyxla", False):
         cls.__call__ = wrap(cls.__call__)
         cls.__call__._lazyxla = True
+
+
+def before_dynamo_traces_optimizer(module, prepare: Callable[[torch.optim.Optimizer], None]) -> None:
+    """Call ``prepare(optimizer)`` each time Dynamo starts tracing an optimizer's step, before it reads the
+    optimizer's ``param_groups`` (``module`` is DYNAMO_OPTIMIZER's: ``OptimizerVariable._set_capturable``, where
+    Dynamo switches CUDA optimizers to ``capturable``; it sets the traced copy of every group's ``capturable`` to
+    True whatever the device). Done once."""
+    cls = module.OptimizerVariable
+    original = cls._set_capturable
+    if getattr(original, "_lazyxla", False):
+        return
+
+    @functools.wraps(original)
+    def _set_capturable(self, tx):
+        prepare(self.value)
+        return original(self, tx)
+
+    _set_capturable._lazyxla = True
+    cls._set_capturable = _set_capturable
 
 
 def aot_autograd(**kwargs) -> Callable:

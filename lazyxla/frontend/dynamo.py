@@ -32,6 +32,22 @@ become one XLA program, cached by graph key like any lazy step. The op's constan
 same in every process, so the node hashes, and the in-memory and disk compile caches, hit from the third step on. A
 call records no ATen op (``ops_recorded`` does not move); it counts ``dynamo_calls``.
 
+The optimizer step: ``torch.compile(opt.step, backend="lazyxla")``, or a whole step function (Dynamo breaks the
+graph at ``loss.backward()`` and ``opt.zero_grad()``; each piece is one node). Dynamo traces the foreach
+implementation into an inference graph; PyTorch marks fused steps ``torch.compiler.disable``, so those run in lazy
+mode (one node for the update, one ``add`` per step counter). When Dynamo starts tracing an optimizer over lazyxla
+parameters (``torch_private.before_dynamo_traces_optimizer``), the optimizer is made ``capturable`` (Dynamo does so
+for CUDA only): its step counters become device tensors, else each call would write them back to the CPU, a host
+read per parameter. A learning rate an LR scheduler drives (Adam, AdamW, SGD) becomes a 0-d device tensor the
+scheduler fills in place, as PyTorch advises for compiled optimizers: Dynamo bakes a Python float lr into the graph
+(``alpha=-lr`` specializes it) and would recompile for every value, up to its recompile limit (8), then run the step
+in lazy mode. A float lr the user assigns every step (``group["lr"] = f(step)``) still recompiles per value: assign
+into the tensor instead (``group["lr"].fill_(f(step))``) or pass ``lr=torch.tensor(...)``. Inference graphs keep
+their input writes (``keep_inference_input_mutations``): the trace turns each ``copy_`` into its input into an
+output, and a call gives those inputs their new values by three C calls each (functionalization's replace, commit,
+sync: views see them) instead of AOTAutograd's epilogue of one dispatched ``copy_`` per written tensor (an AdamW step
+writes four per parameter); a written input that is not a lazyxla tensor is copied into.
+
 Inputs: Python floats inside a graph are its constants (Dynamo specializes on them) and are baked into
 the trace; a float Dynamo passes as a 0-d CPU tensor goes to the device each call, as lazy mode takes
 0-d CPU tensors. Graphs with symbolic sizes (after a shape change Dynamo recompiles with dynamic
@@ -94,6 +110,7 @@ from lazyxla.lazy.graph import plan_values, prepare
 from lazyxla.lazy.placeholders import disarm, placeholder
 from lazyxla.lazy.record import status_of
 from lazyxla.lazy.special import SPECIAL_OPS, cpu_to_lazy
+from lazyxla.lazy.step_world import make_compilable
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.registry import RULES
 from lazyxla.lowering.rules import compiled_graph
@@ -155,6 +172,7 @@ class _Trace:
     consts: list  # LazyTensors holding the constant device arrays the graph reads (kept: never donated)
     n_keys: int  # random ops: one fresh key each per call
     outputs: list  # per graph output: ("result", k) | ("input", i) | ("const", value)
+    mutated: tuple[int, ...]  # graph inputs it writes in place (copy_): the last len(mutated) outputs are their values
     avals: tuple  # the op's output avals
     device: int
     op: Any = OP  # OP_COLLECTIVE when the graph holds replica collectives
@@ -177,20 +195,37 @@ def _leaf_kind(n, placeholders: dict[int, int]) -> str:
     raise _NotOneOp(f"the graph reads a value that is not computed ({n!r})")
 
 
-def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tuple[list, list]:
-    """The graph's outputs (("value", k) | ("input", i) | ("const", x)) and the IR values it computed."""
+def _mutated(args: list, holders: list) -> list[tuple[int, torch.Tensor]]:
+    """The graph inputs the trace wrote in place (an inference graph's ``copy_`` into its input: AOTAutograd's
+    ``keep_inference_input_mutations``), with the tensor holding each one's new value."""
+    mutated = []
+    for i, (a, h) in enumerate(zip(args, holders)):
+        if type(h) is LazyTensor:
+            torch_private.functional_sync(a)
+            inner = torch_private.from_functional(a)
+            if inner._value != h._value:
+                mutated.append((i, wrap(LazyTensor(inner._value, inner._aval))))
+    return mutated
+
+
+def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tuple[list, list, tuple]:
+    """The graph's outputs (("value", k) | ("input", i) | ("const", x)), then the new values of the inputs it
+    wrote in place; the IR values it computed; the positions of those inputs."""
     syncs = metrics.counters()["syncs"]
+    args = [wrap(h) if type(h) is LazyTensor else h for h in holders]
     try:
         # (autocast off: the graph holds the casts autocast made when it was captured)
         with config.scoped(strict=True, eager=False), torch.no_grad(), torch_private.disable_autocast():
-            out = gm(*[wrap(h) if type(h) is LazyTensor else h for h in holders])
+            out = gm(*args)
+            mutated = _mutated(args, holders)
     except Exception as e:
         raise _NotOneOp(f"tracing it failed with {type(e).__name__}: {e}") from None
     if metrics.counters()["syncs"] != syncs:
         raise _NotOneOp("tracing it synced (a host read or a CPU fallback)")
     outputs: list = []
     values: list = []
-    for o in out if isinstance(out, (list, tuple)) else [out]:
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    for o in out + [t for _, t in mutated]:
         if not isinstance(o, torch.Tensor):
             outputs.append(("const", o))
             continue
@@ -202,7 +237,7 @@ def _run_on_placeholders(gm, holders: list, placeholders: dict[int, int]) -> tup
         else:
             outputs.append(("value", len(values)))
             values.append(value)
-    return outputs, values
+    return outputs, values, tuple(i for i, _ in mutated)
 
 
 def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
@@ -212,7 +247,7 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
     placeholders = {id(h._value[0]): i for i, h in enumerate(holders) if type(h) is LazyTensor}
     state = rng.get_state()
     try:
-        outputs, values = _run_on_placeholders(gm, holders, placeholders)
+        outputs, values, mutated = _run_on_placeholders(gm, holders, placeholders)
     finally:
         rng.set_state(state)  # the trace's keys are never used: calls draw their own
         disarm(placeholders)
@@ -234,6 +269,7 @@ def _trace(gm: torch.fx.GraphModule, lazies: list, device: int) -> _Trace:
         consts=[LazyTensor((n, 0), n.avals[0]) for n, k in zip(leaves, kinds) if k == "const"],
         n_keys=kinds.count("key"),
         outputs=outputs,
+        mutated=mutated,
         avals=tuple(m.avals[i] for m, i in results),
         device=device,
         op=OP_COLLECTIVE if any(n.op in COLLECTIVE_OPS for n in order) else OP,
@@ -338,7 +374,7 @@ class CompiledGraph:
                 self.traces[sig] = trace
         if type(trace) is str:
             return self._op_by_op(args, trace)
-        return self._record(trace, lazies, device)
+        return self._record(trace, args, lazies, device)
 
     def _trace(self, lazies: list, device: int) -> _Trace | str:
         if any(type(t) is LazyTensor and t._value[0].device != device for t in lazies):
@@ -353,7 +389,7 @@ class CompiledGraph:
         metrics.inc("dynamo_traces")
         return trace
 
-    def _record(self, trace: _Trace, lazies: list[LazyTensor], device: int) -> list:
+    def _record(self, trace: _Trace, args: list, lazies: list[LazyTensor], device: int) -> list:
         inputs = [lazies[i]._value for i in trace.used]
         inputs += [c._value for c in trace.consts]
         inputs += [(rng.next_key_leaf(device), 0) for _ in range(trace.n_keys)]
@@ -367,12 +403,15 @@ class CompiledGraph:
         out = []
         for how, x in trace.outputs:
             if how == "result":  # (a tensor of its own per output: in-place updates rebind one tensor only)
-                out.append(wrap(LazyTensor(results[x]._value, trace.avals[x])))
+                out.append(LazyTensor(results[x]._value, trace.avals[x]))
             elif how == "input":
-                out.append(wrap(LazyTensor(lazies[x]._value, lazies[x]._aval)))
+                out.append(LazyTensor(lazies[x]._value, lazies[x]._aval))
             else:
                 out.append(x)
-        return out
+        if trace.mutated:
+            _write_inputs([args[i] for i in trace.mutated], out[-len(trace.mutated) :])
+            del out[-len(trace.mutated) :]
+        return [wrap(t) if type(t) is LazyTensor else t for t in out]
 
     def _op_by_op(self, args: list, why: str) -> list:
         """The fallback: run the FX graph on the call's tensors, each op recorded as in lazy mode."""
@@ -387,6 +426,21 @@ class CompiledGraph:
         with torch.no_grad(), torch_private.disable_autocast():
             out = self.gm(*args)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _write_inputs(targets: list, values: list[LazyTensor]) -> None:
+    """Give the graph inputs a call wrote in place their new values, as the graph's ``copy_`` would: a lazyxla
+    tensor by three C calls each (its functionalization wrapper takes the value, as after an in-place op, so
+    its views see it), instead of one dispatched ``copy_`` each (AOTAutograd's epilogue: an optimizer step
+    writes 3-4 tensors per parameter); any other tensor (a CPU step counter) by ``copy_``, a read."""
+    for t, v in zip(targets, values):
+        if on_device(t) and torch_private.is_functional(t):
+            torch_private.functional_replace(t, v)
+            torch_private.functional_commit_update(t)
+            torch_private.functional_sync(t)
+        else:
+            with torch.no_grad():
+                t.copy_(wrap(v))
 
 
 # ---- the backend ----------------------------------------------------------------------------------------
@@ -415,7 +469,9 @@ def _aot_backend(compile_at_call: bool):
         bw_compiler=_compiler("backward", compile_at_call),
         inference_compiler=_compiler("inference", compile_at_call),
         decompositions=_decompositions(),
-        keep_inference_input_mutations=False,
+        # an inference graph (an optimizer step) writes its inputs with copy_ nodes, which the trace turns into
+        # outputs that a call writes back by C calls (_write_inputs), not one dispatched copy_ each
+        keep_inference_input_mutations=True,
     )
 
 
@@ -549,6 +605,19 @@ def allow_in_graph(*fns: Callable) -> None:
             torch.compiler.allow_in_graph(fn)
 
 
+def _prepare_optimizer(opt: torch.optim.Optimizer) -> None:
+    """Dynamo is about to trace ``opt``'s step: on lazyxla parameters, make its step counters device tensors
+    (``capturable``, which Dynamo does for CUDA only) and a scheduler-driven learning rate a device tensor
+    (``make_compilable``). Else the compiled step writes the counters back to the CPU every call (a host read per
+    parameter) and a learning rate that changes every step recompiles every step."""
+    if any(on_device(p) for g in opt.param_groups for p in g["params"]):
+        make_compilable(opt)
+
+
+def _optimizers_in(module) -> None:
+    torch_private.before_dynamo_traces_optimizer(module, _prepare_optimizer)
+
+
 def _allow_in(dynamo) -> None:
     _dynamo_loaded[0] = True
     for fn in _IN_GRAPH:
@@ -558,6 +627,7 @@ def _allow_in(dynamo) -> None:
 _ON_IMPORT = {
     torch_private.DYNAMO_BACKEND_REGISTRY: _register_in,
     torch_private.DYNAMO_TRACE_RULES: _skip_in,
+    torch_private.DYNAMO_OPTIMIZER: _optimizers_in,
     torch_private.DYNAMO: _allow_in,  # (after the package's own import: allow_in_graph needs all of it)
 }
 

@@ -544,13 +544,32 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
                 state["step"] = step.to(p.device)
 
 
-def _lr_as_tensor(opt: torch.optim.Optimizer, group: dict) -> None:
-    """An Adam or AdamW group's learning rate becomes a device tensor when an LR scheduler drives it (the
-    scheduler set ``initial_lr``), as PyTorch advises for a compiled optimizer step under a scheduler: a Python
-    number that changes every step would make every captured call differ, while the scheduler fills a tensor in
-    place (``LRScheduler`` does for a tensor learning rate), and a replay reads it like any other input."""
+def make_compilable(opt: torch.optim.Optimizer) -> None:
+    """Ready ``opt`` for a step that Dynamo traces (``torch.compile(opt.step, backend="lazyxla")``): as
+    :func:`make_capturable` (device step counters: else each compiled call writes them back to the CPU, a host
+    read per parameter per step), and an SGD learning rate that an LR scheduler drives becomes a device tensor
+    too (SGD's compiled step multiplies by a tensor learning rate; a Python number there is baked into the graph,
+    so each new value would recompile).
+
+    Example::
+
+        make_compilable(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    """
+    make_capturable(opt)
+    if isinstance(opt, torch.optim.SGD):
+        for group in opt.param_groups:
+            if group["params"] and all(is_lazyxla(p) for p in group["params"]) and not group.get("fused"):
+                _lr_as_tensor(opt, group, (torch.optim.SGD,))
+
+
+def _lr_as_tensor(opt: torch.optim.Optimizer, group: dict, kinds: tuple = ()) -> None:
+    """An Adam or AdamW group's learning rate (or one of ``kinds``') becomes a device tensor when an LR scheduler
+    drives it (the scheduler set ``initial_lr``), as PyTorch advises for a compiled optimizer step under a
+    scheduler: a Python number that changes every step would make every captured call differ, while the scheduler
+    fills a tensor in place (``LRScheduler`` does for a tensor learning rate), and a replay reads it like any other
+    input."""
     lr = group.get("lr")
-    if "initial_lr" not in group or type(lr) is not float or not isinstance(opt, _TENSOR_LR):
+    if "initial_lr" not in group or type(lr) is not float or not isinstance(opt, _TENSOR_LR + kinds):
         return
     group["lr"] = torch.tensor(lr, dtype=torch.float32, device=group["params"][0].device)
 
