@@ -52,6 +52,7 @@ SIZES = {"full": (64, 4, 4, 256, 32, 2), "quick": (16, 1, 2, 32, 8, 2)}
 WARMUP = {"full": 6, "quick": 4}
 ROUNDS = {"full": 20, "quick": 2}
 READY = "HF-WORKER-READY"
+FOREACH = {"default": None, "on": True, "off": False}  # AdamW's foreach argument
 
 
 # ---- the worker: one framework and model in a process of its own ---------------------------------------------
@@ -101,23 +102,26 @@ def _device_and_sync(framework: str):
     raise ValueError(f"unknown framework {framework!r}; choose from {', '.join(FRAMEWORKS)}")
 
 
-def make_step(framework: str, model: str, size: str):
+def make_step(framework: str, model: str, size: str, foreach: str = "default"):
     """A warm-able training step: each call runs forward, backward, AdamW and ``zero_grad``, hands the step to the
-    device, reads the loss, and returns ``{"host_ms", "cpu_ms", "step_ms", "loss"}`` (see the module's doc)."""
+    device, reads the loss, and returns ``{"host_ms", "cpu_ms", "step_ms", "loss"}`` (see the module's doc).
+    ``foreach``: AdamW's ``foreach`` ('default': PyTorch's choice for the device, 'on' or 'off')."""
     import torch  # in the worker only (see build)
 
     net, ids = build(model, size)
     dev, sync = _device_and_sync(framework)
     net, ids = net.to(dev), ids.to(dev)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    forward = lambda: net(input_ids=ids, labels=ids, use_cache=False).loss
+    # PyTorch's default picks the foreach kernels on lazyxla (a PrivateUse1 device) and a loop over the parameters
+    # on torch_xla: the same math, a different number of ops.
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=FOREACH[foreach])
+    forward = lambda x: net(input_ids=x, labels=x, use_cache=False).loss
     if framework in ("lazyxla compiled", "torch_xla openxla"):
         backend = "lazyxla" if framework.startswith("lazyxla") else "openxla"
         compiled = torch.compile(net, backend=backend)
-        forward = lambda: compiled(input_ids=ids, labels=ids, use_cache=False).loss
+        forward = lambda x: compiled(input_ids=x, labels=x, use_cache=False).loss
 
-    def record():
-        loss = forward()
+    def record(x):  # the batch is an argument: a captured step's inputs must be arguments or state it can find
+        loss = forward(x)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -131,11 +135,16 @@ def make_step(framework: str, model: str, size: str):
 
     def step() -> dict[str, float]:
         start, cpu = time.perf_counter(), time.thread_time()
-        loss = record()
+        loss = record(ids)
         sync()
         host, cpu = time.perf_counter() - start, time.thread_time() - cpu
         value = loss.item()
-        return {"host_ms": host * 1e3, "cpu_ms": cpu * 1e3, "step_ms": (time.perf_counter() - start) * 1e3, "loss": value}
+        return {
+            "host_ms": host * 1e3,
+            "cpu_ms": cpu * 1e3,
+            "step_ms": (time.perf_counter() - start) * 1e3,
+            "loss": value,
+        }
 
     return step
 
@@ -158,10 +167,10 @@ def count_ops(step) -> int:
     return Count.n
 
 
-def worker(framework: str, model: str, size: str) -> None:
+def worker(framework: str, model: str, size: str, foreach: str = "default") -> None:
     """Serve the driver on stdin/stdout: ``step`` (one timed step), ``count`` (one step under the op counter), or
     ``quit``; each answer is one JSON line."""
-    step = make_step(framework, model, size)
+    step = make_step(framework, model, size, foreach)
     recorded = None
     if framework in LAZYXLA:
         import lazyxla  # in the lazyxla worker only
@@ -207,12 +216,12 @@ def torch_xla_python() -> tuple[str | None, str]:
 class Worker:
     """One worker process; ``ask(command)`` sends a line and returns the JSON answer."""
 
-    def __init__(self, python: str, framework: str, model: str, size: str) -> None:
+    def __init__(self, python: str, framework: str, model: str, size: str, foreach: str) -> None:
         # PYTHONPATH: this checkout (its benchmarks, and lazyxla for lazyxla's workers) and nothing else.
         env = dict(os.environ, PYTHONPATH=ROOT, LAZYXLA_PERSISTENT_CACHE="0", PJRT_DEVICE="CPU")
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks.run: idle OpenMP workers sleep
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-        cmd = [python, "-m", "benchmarks.hf", "--worker", framework, model, "--size", size]
+        cmd = [python, "-m", "benchmarks.hf", "--worker", framework, model, "--size", size, "--foreach", foreach]
         self.name = f"{model} {framework}"
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -253,14 +262,16 @@ def _log(msg: str) -> None:
     print(f"[bench hf] {msg}", file=sys.stderr, flush=True)
 
 
-def run_model(model: str, frameworks: dict[str, str], size: str, warmup: int, rounds: int) -> dict[str, Any]:
+def run_model(
+    model: str, frameworks: dict[str, str], size: str, warmup: int, rounds: int, foreach: str = "default"
+) -> dict[str, Any]:
     """Every framework of ``frameworks`` (name -> python) on ``model``: ``warmup`` steps each, one op-counting step
     each, then ``rounds`` rounds of one timed step per framework, the order rotating by one each round."""
     workers = {}
     try:
         for fw, python in frameworks.items():
             _log(f"{model}: starting {fw}")
-            workers[fw] = Worker(python, fw, model, size)
+            workers[fw] = Worker(python, fw, model, size, foreach)
         names = list(workers)
         first_loss = {fw: workers[fw].ask("step")["loss"] for fw in names}
         for _ in range(warmup - 1):
@@ -305,6 +316,7 @@ def run(
     rounds: int | None = None,
     warmup: int | None = None,
     torch_xla: bool = True,
+    foreach: str = "default",
 ) -> dict[str, Any]:
     """Measure every model; torch_xla's rows when its venv exists and ``torch_xla`` is true (else a note why not)."""
     size = "quick" if quick else "full"
@@ -314,9 +326,10 @@ def run(
         frameworks.update({fw: python for fw in TORCH_XLA})
     _log(note)
     out: dict[str, Any] = {"size": dict(zip(("hidden", "layers", "heads", "vocab", "seq", "batch"), SIZES[size]))}
-    out["torch_xla"], out["models"] = note, {}
+    out["torch_xla"], out["foreach"], out["models"] = note, foreach, {}
     for model in models:
-        out["models"][model] = run_model(model, frameworks, size, warmup or WARMUP[size], rounds or ROUNDS[size])
+        warm, n = warmup or WARMUP[size], rounds or ROUNDS[size]
+        out["models"][model] = run_model(model, frameworks, size, warm, n, foreach)
     return out
 
 
@@ -342,8 +355,9 @@ def table(results: dict[str, Any]) -> str:
         "lazyxla's ops_recorded counter; µs/op: host ms / ops.",
     ]
     title = (
-        f"HF training step (AdamW), hidden {s['hidden']}, {s['layers']} layers, {s['heads']} heads, vocab {s['vocab']}, "
-        f"seq {s['seq']}, batch {s['batch']}; frameworks interleaved, {results_rounds(results)} rounds"
+        f"HF training step (AdamW foreach {results['foreach']}), hidden {s['hidden']}, {s['layers']} layers, "
+        f"{s['heads']} heads, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; frameworks interleaved, "
+        f"{results_rounds(results)} rounds"
     )
     header = ["model", "framework", "host ms", "min–max", "CPU ms", "x torch_xla", "CPU x torch_xla", "step ms"]
     header += ["ops/step", "recorded", "µs/op", "CPU µs/op"]
@@ -362,16 +376,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--foreach", choices=list(FOREACH), default="default", help="AdamW's foreach (default: PyTorch's)")
     p.add_argument("--no-torch-xla", action="store_true", help="skip torch_xla even when its venv exists")
     p.add_argument("--json", default=os.path.join(ROOT, "build", "bench-hf.json"))
     p.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
     p.add_argument("--size", choices=list(SIZES), default="full", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        worker(*a.worker, a.size)
+        worker(*a.worker, a.size, a.foreach)
         return None
     models = tuple(a.models.split(","))
-    results = run(a.quick, models, a.rounds, a.warmup, torch_xla=not a.no_torch_xla)
+    results = run(a.quick, models, a.rounds, a.warmup, torch_xla=not a.no_torch_xla, foreach=a.foreach)
     R.write_json(a.json, results)
     print(table(results))
     return results
