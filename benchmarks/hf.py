@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -223,16 +224,22 @@ class Worker:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
         cmd = [python, "-m", "benchmarks.hf", "--worker", framework, model, "--size", size, "--foreach", foreach]
         self.name = f"{model} {framework}"
+        # stderr to a file: a pipe nobody reads would block a worker that warns a lot
+        self.stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115  (open for the worker's life; close() closes it)
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
         )
+
+    def ready(self) -> None:
+        """Wait until the worker has built its step."""
         self._expect(READY)
 
     def _expect(self, marker: str | None) -> str:
         while True:
             line = self.proc.stdout.readline()
             if not line:
-                err = self.proc.stderr.read()[-4000:]
+                self.stderr.seek(0)
+                err = self.stderr.read()[-4000:]
                 raise RuntimeError(f"worker {self.name} exited {self.proc.wait()} before answering:\n{err}")
             if marker is None and line.startswith("{") or marker is not None and line.strip() == marker:
                 return line
@@ -256,6 +263,7 @@ class Worker:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
+        self.stderr.close()
 
 
 def _log(msg: str) -> None:
@@ -269,9 +277,11 @@ def run_model(
     each, then ``rounds`` rounds of one timed step per framework, the order rotating by one each round."""
     workers = {}
     try:
-        for fw, python in frameworks.items():
-            _log(f"{model}: starting {fw}")
+        _log(f"{model}: starting {', '.join(frameworks)}")
+        for fw, python in frameworks.items():  # side by side: their imports and set-up are not measured
             workers[fw] = Worker(python, fw, model, size, foreach)
+        for w in workers.values():
+            w.ready()
         names = list(workers)
         first_loss = {fw: workers[fw].ask("step")["loss"] for fw in names}
         for _ in range(warmup - 1):
