@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-ops test-upper test-pytorch lint bench bench-scan clean
+.PHONY: demo test test-ops test-upper test-pytorch lint bench bench-hf bench-torch_xla-venv bench-scan clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,28 @@ test-upper: $(UPPER)/.installed lint
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
+# HF GPT-2 / Llama training steps alone (also a section of `make bench`): lazyxla's modes, eager, and torch_xla when
+# the optional venv below exists.
+bench-hf: $(STAMP)
+	$(PY) -m benchmarks.hf
+
+# Optional: torch_xla 2.9 (with the torch 2.9.0 it is built against, a CUDA build of ~7 GB from PyPI, run on the CPU
+# with PJRT_DEVICE=CPU) in a venv of its own, a peer the benchmarks measure side by side; never a dependency of the
+# project. benchmarks/hf.py finds it here, or at $$LAZYXLA_TORCH_XLA_VENV.
+TORCH_XLA_VENV := .venv-torch_xla
+TRANSFORMERS := $(shell sed -n 's/^transformers==\([^ ]*\).*/\1/p' requirements.txt)
+
+$(TORCH_XLA_VENV)/.installed:
+	$(PYTHON) -m venv $(TORCH_XLA_VENV)
+	$(TORCH_XLA_VENV)/bin/python -m pip install -q torch==2.9.0 torch_xla==2.9.0 transformers==$(TRANSFORMERS)
+	PJRT_DEVICE=CPU $(TORCH_XLA_VENV)/bin/python -c "import torch, torch_xla; torch.ones(2, device=torch_xla.device()).sum().item()"
+	touch $@
+
+bench-torch_xla-venv: $(TORCH_XLA_VENV)/.installed
+
 # Compile time against depth: a GPT's blocks under lazyxla.scan_layers / StackedLayers vs unrolled (docs/performance.md).
 bench-scan: $(STAMP)
 	$(PY) -m benchmarks.scan
 
 clean:
-	rm -rf $(VENV) $(UPPER) .pytest_cache
+	rm -rf $(VENV) $(UPPER) $(TORCH_XLA_VENV) .pytest_cache

@@ -18,7 +18,9 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
 (h) program size: StableHLO lines of lazyxla's warm training step against jax.value_and_grad's;
 (i) host time of a warm step, each framework alone (jax.jit, lazy mode, whole-step capture in both idioms), at
     the benchmark size and with the same model structure at negligible compute (the host's part on an
-    accelerator).
+    accelerator);
+(j) Hugging Face GPT-2 and Llama training steps (``benchmarks/hf.py``): host ms per warm step of eager, lazy mode,
+    captured and torch.compile, and torch_xla's lazy mode and openxla when its venv exists.
 
 All results go to a JSON file (default ``build/bench.json``). Method: ``docs/performance.md``.
 """
@@ -45,8 +47,9 @@ from benchmarks.child import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEPS_SHOWN = 5
-# what --only chooses from: (a)(b)(f) training, (i) host, (g) overlap, (h) program_size, (c)(e) fresh, (d) recording
-SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording")
+# what --only chooses from: (a)(b)(f) training, (i) host, (g) overlap, (h) program_size, (c)(e) fresh, (d) recording,
+# (j) hf
+SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording", "hf")
 # the frameworks whose compiles per step are counted
 LAZY_FRAMEWORKS = tuple(fw for fw in S.FRAMEWORKS if fw.startswith("lazyxla"))
 # Idle OpenMP workers (PyTorch's) sleep instead of spinning: three runtimes share this process and the
@@ -538,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["LAZYXLA_PERSISTENT_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import lazyxla  # noqa: F401  (before any CPU autograd runs: see docs/performance.md)
-    from benchmarks import host, overlap, program_size, recording
+    from benchmarks import hf, host, overlap, program_size, recording
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
@@ -561,6 +564,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "recording" in sections:
         _log("recording cost")
         results["recording"] = recording.run(settings.chain_ops, settings.chain_repeats)
+    if "hf" in sections:
+        _log("HF training steps (benchmarks/hf.py)")
+        # --quick: a smoke test of the hook (tests/test_bench_hf.py tests the module): one model, no torch_xla
+        models = hf.MODELS[:1] if args.quick else hf.MODELS
+        results["hf"] = hf.run(quick=args.quick, models=models, torch_xla=not args.quick)
     results["meta"]["wall_s"] = time.perf_counter() - start
     R.write_json(args.json, results)  # before the tables: a table bug loses no measurement
     tables = []
@@ -581,6 +589,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tables.append(program_size.table(results["program_size"]))
     if "host" in sections:
         tables.append(host.table(results["host"]))
+    if "hf" in sections:
+        tables.append("(j) " + hf.table(results["hf"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results
