@@ -468,6 +468,9 @@ def sync_but_concatenations(reason: str) -> None:
 
         sync_but_concatenations("a captured step")
     """
+    if not any(views.is_concatenation(t._value[0].op) for t in live_tensors()):
+        sync(reason=reason)  # nothing to leave pending: the region's own sync, the programs lazy mode runs
+        return
     want = _all_pending_but_concatenations()
     if want:
         metrics.inc("syncs")

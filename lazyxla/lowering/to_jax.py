@@ -43,6 +43,8 @@ def _scalar_dtype(n: Node, integer: bool = False):
     tensors' dtype instead, wrapping as PyTorch's casts do (``uint8_tensor < 300`` compares with 44), or
     int64 (``bool_tensor == 5``). A rule may ask for its own (``Rule.scalars``).
     """
+    if n.op in GROUPS:
+        return _group_scalar_dtype(n, integer)
     wanted = RULES[n.op].scalars
     if wanted is not None:
         if wanted is PACKED:
@@ -160,18 +162,47 @@ def apply(n: Node, ins: list, axis: str | None = None, world: int = 1):
 def _apply_group(n: Node, element, ins: list, axis: str | None, world: int) -> list:
     """A foreach group (``rules/foreach.py``): per tensor, the node its element op would have had (the group's
     inputs that element reads, its template renumbered, its output aval), lowered with the element's rule; the
-    group's Python numbers arrive packed and are converted as that node converts them."""
-    targs, tkw = n.template
+    group's Python numbers arrive as ``_scalar_dtype(n)`` gives them and are converted as that node converts them
+    (once per number and dtype)."""
     outs = []
+    converted: dict = {}  # (input position, dtype) -> that number in that dtype: one conversion, shared by elements
+    for one, used in _elements(n, element):
+        one_ins = [
+            _number(one, m, ins[g], g, converted) if m.op is Leaf.SCALAR else ins[g]
+            for g, (m, _) in zip(used, one.inputs)
+        ]
+        outs.extend(apply(one, one_ins, axis, world))
+    return outs
+
+
+def _elements(n: Node, element) -> list[tuple[Node, list[int]]]:
+    """Group ``n``'s element nodes, each with the positions of the group's inputs it reads."""
+    targs, tkw = n.template
+    found = []
     for i, (pos, kw) in enumerate(split(n.op, targs, dict(tkw), lists=(tuple,))):
         used = sorted({x.i for x in _slots((pos, kw))})
         local = {g: j for j, g in enumerate(used)}
         template = (tuple(_renumber(a, local) for a in pos), tuple((k, _renumber(kw[k], local)) for k in sorted(kw)))
-        inputs = tuple(n.inputs[g] for g in used)
-        one = Node(element, inputs, template, (n.avals[i],), 0, None, n.device)
-        one_ins = [scalar_as(one, m, ins[g]) if m.op is Leaf.SCALAR else ins[g] for g, (m, _) in zip(used, inputs)]
-        outs.extend(apply(one, one_ins, axis, world))
-    return outs
+        one = Node(element, tuple(n.inputs[g] for g in used), template, (n.avals[i],), 0, None, n.device)
+        found.append((one, used))
+    return found
+
+
+def _group_scalar_dtype(n: Node, integer: bool):
+    """The dtype a group's numbers arrive in: the one every element converts them to when they agree (no
+    conversion then), else packed (float64 / int64), each element converting its own."""
+    wanted = {np.dtype(_scalar_dtype(one, integer)) for one, _ in _elements(n, GROUPS[n.op])}
+    if len(wanted) == 1:
+        return wanted.pop()
+    return np.int64 if integer else np.float64
+
+
+def _number(one: Node, m: Node, value, g: int, converted: dict):
+    dtype = _scalar_dtype(one, _is_int(m))
+    key = (g, np.dtype(dtype))
+    if key not in converted:
+        converted[key] = jax.lax.convert_element_type(value, dtype)  # as ``scalar_as``
+    return converted[key]
 
 
 def _slots(x):
