@@ -63,7 +63,7 @@ bench-hf: $(STAMP)
 
 # Optional: torch_xla 2.9 (with the torch 2.9.0 it is built against, a CUDA build of ~7 GB from PyPI, run on the CPU
 # with PJRT_DEVICE=CPU) in a venv of its own, a peer the benchmarks measure side by side; never a dependency of the
-# project. benchmarks/hf.py finds it here, or at $$LAZYXLA_TORCH_XLA_VENV.
+# project. benchmarks/hf.py finds it here, or at $$TORCH_XLA_PEER_VENV.
 TORCH_XLA_VENV := .venv-torch_xla
 TRANSFORMERS := $(shell sed -n 's/^transformers==\([^ ]*\).*/\1/p' requirements.txt)
 

@@ -10,7 +10,7 @@ and no framework shares a process (and its caches, threads and lazy graph) with 
 - ``lazyxla captured``: the whole step under ``lazyxla.compile(step, capture=True)`` (warm steps replayed);
 - ``lazyxla compiled``: the model under ``torch.compile(backend="lazyxla")``, the optimizer in lazy mode;
 - ``torch_xla`` and ``torch_xla openxla``: torch_xla's lazy tensors and its Dynamo backend (model compiled,
-  optimizer lazy), with ``PJRT_DEVICE=CPU``, when a venv holding torch_xla exists (``$LAZYXLA_TORCH_XLA_VENV``,
+  optimizer lazy), with ``PJRT_DEVICE=CPU``, when a venv holding torch_xla exists (``$TORCH_XLA_PEER_VENV``,
   default ``.venv-torch_xla``; ``make bench-torch_xla-venv`` builds it). torch_xla is a peer measured side by
   side, never a dependency: its workers run under that venv's python and import neither lazyxla nor jax.
 
@@ -42,7 +42,7 @@ from typing import Any
 from benchmarks import report as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_VARIABLE = "LAZYXLA_TORCH_XLA_VENV"
+VENV_VARIABLE = "TORCH_XLA_PEER_VENV"
 LAZYXLA = ("lazyxla", "lazyxla captured", "lazyxla compiled")
 TORCH_XLA = ("torch_xla", "torch_xla openxla")
 FRAMEWORKS = ("eager", *LAZYXLA, *TORCH_XLA)
@@ -198,7 +198,7 @@ def worker(framework: str, model: str, size: str, foreach: str = "default") -> N
 
 
 def torch_xla_python() -> tuple[str | None, str]:
-    """The torch_xla venv's python (``$LAZYXLA_TORCH_XLA_VENV``, default ``<repo>/.venv-torch_xla``) and its versions,
+    """The torch_xla venv's python (``$TORCH_XLA_PEER_VENV``, default ``<repo>/.venv-torch_xla``) and its versions,
     or None and why not (no venv, or torch_xla does not import there)."""
     venv = os.environ.get(VENV_VARIABLE) or os.path.join(ROOT, ".venv-torch_xla")
     python = os.path.join(venv, "bin", "python")

@@ -29,7 +29,7 @@ def _positive(x) -> bool:
 def results(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench-hf") / "hf.json"
     missing = tmp_path_factory.mktemp("no-venv") / "absent"
-    env = dict(os.environ, LAZYXLA_TORCH_XLA_VENV=str(missing))
+    env = dict(os.environ, TORCH_XLA_PEER_VENV=str(missing))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.hf", "--quick", "--json", str(path)],
