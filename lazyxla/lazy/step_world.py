@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import sys
+import types
 
 import torch
 
@@ -271,6 +273,9 @@ class World:
                 for p in group["params"]:
                     params.setdefault(id(p), p)
         self.params = list(params.values())
+        # where the numbers the step's Python reads live: the step function's closure and globals, and those of the
+        # functions it reaches by name (``_number_places``), taken when the world is learned (a recorded call)
+        self.number_places = _number_places(self.fn, self.modules)
         # id(optimizer) -> its last state guard and what it was taken from (``_states_guard``)
         self._states: dict[int, tuple] = {}
 
@@ -344,6 +349,7 @@ class World:
             g.append(self._states_guard(o))
         g.append(tuple(map(_is, map(_grad, self.params), _NONES)))
         g += _closure_numbers(fn)
+        g += [_place_number(place) for place in self.number_places]
         return tuple(g)
 
     def _states_guard(self, o) -> tuple:
@@ -478,6 +484,70 @@ def _closure_numbers(fn) -> list:
     glob = fn.__globals__
     out += [(name, _guarded(glob[name])) for name in code.co_names if _is_guarded(glob.get(name))]
     return out
+
+
+_MAX_REACH = 4  # calls deep: the step, the helpers it calls by name, theirs, ...
+# functions whose module globals hold no number of the user's step (their modules' constants)
+_LIBRARIES = ("torch", "lazyxla", "jax", "jaxlib", "numpy", *sys.stdlib_module_names)
+
+
+def _number_places(fn, modules: list) -> list[tuple]:
+    """The places of numbers (and meshes, replica groups) that the functions a step reaches may read: a global a
+    function names (in its code or a lambda's inside it), a closure cell. Reached: the step function, the Python
+    functions its globals and closure cells hold (the helpers it calls by name: ``loss_of(x)`` reading a module's
+    ``SCALE``), theirs in turn, and each module's ``forward``, up to ``_MAX_REACH`` calls deep; library code is
+    not followed. A place is kept when it holds a guarded value when the world is learned; the step function's own
+    are ``_closure_numbers``'. Not reached: functions held in objects' attributes or containers."""
+    seen: set = set()
+    places: list = []
+
+    def visit(f, depth: int) -> None:
+        f = getattr(f, "__func__", f)  # a bound method: its function
+        if type(f) is not types.FunctionType or id(f) in seen or depth > _MAX_REACH:
+            return
+        if (f.__module__ or "").split(".")[0] in _LIBRARIES:
+            return
+        seen.add(id(f))
+        glob = f.__globals__
+        for name in _names(f.__code__):
+            v = glob.get(name)
+            if depth and _is_guarded(v):
+                places.append((glob, name))
+            visit(v, depth + 1)
+        for cell in f.__closure__ or ():
+            if depth and _cell_guarded(cell):
+                places.append((cell,))
+            visit(_contents(cell), depth + 1)
+
+    visit(fn, 0)
+    for m in modules:
+        visit(type(m).forward, 1)
+    return places
+
+
+def _names(code) -> set:
+    """The global names ``code`` and the code objects inside it (lambdas, nested functions) read."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if type(c) is types.CodeType:
+            names |= _names(c)
+    return names
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _place_number(place: tuple):
+    if len(place) == 1:
+        v = _contents(place[0])
+    else:
+        glob, name = place
+        v = glob.get(name)
+    return _guarded(v) if _is_guarded(v) else ("not a number", type(v))
 
 
 _GUARDED = (*NUMBERS[:4], Mesh)
