@@ -33,7 +33,8 @@ numbers the program takes, the random keys it draws, and the *guards*: what the 
 shapes, dtypes and numbers; grad mode, autocast, config; each module's ``training`` flag, parameters, buffers
 and hooks; each optimizer's hyperparameters, parameters and state entries, with the values of CPU numbers in
 its state; which parameters had a gradient; the numbers, and the SPMD meshes (by key), that the step function
-reads from its closure and globals).
+reads from its closure and globals, and that the functions it reaches by name read from theirs:
+``step_world._number_places``).
 
 A candidate equal in everything to the previous recorded call's is *verified*: two recordings from the same
 guards gave the same program with the same numbers, so the step's Python computed nothing that changes from
