@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import re
 import secrets
@@ -356,3 +358,54 @@ def require_version(package: str, version: str, supported: tuple[tuple[int, int]
         f"install a supported release, e.g. pip install '{package}=={lo[0]}.{lo[1]}.*' (or set "
         f"{UNSUPPORTED_VERSIONS_VARIABLE}=1 to try this one unchecked)"
     )
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """The finder ``after_import`` installs: runs ``hooks[name](module)`` right after module ``name`` is first
+    imported, and leaves ``sys.meta_path`` once every hook has run."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, Callable] = {}
+
+    def find_spec(self, name, path, target=None):
+        hook = self.hooks.pop(name, None)
+        if hook is None:
+            return None
+        if not self.hooks and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                hook(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+_after_import = _AfterImport()
+
+
+def after_import(hooks: dict[str, Callable]) -> None:
+    """Run ``hooks[name](module)`` for each module name: now if the module is loaded, else right after it is first
+    imported (so a library lazyxla adapts, Dynamo or transformers, costs nothing until the user imports it).
+
+    Example::
+
+        after_import({"transformers.modeling_utils": patch})     # patch(module), now or at its import
+    """
+    for name, hook in hooks.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+        else:
+            _after_import.hooks[name] = hook
+    if _after_import.hooks and _after_import not in sys.meta_path:
+        sys.meta_path.insert(0, _after_import)

@@ -18,36 +18,8 @@ import transformers as T
 import lazyxla
 from lazyxla.frontend import generation
 from lazyxla.lazy import step_world
+from tests.clients.test_generate import MODELS, NEW, V  # the same tiny models as the client test
 
-V = 64
-NEW = 8
-MODELS = {
-    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
-    "llama": lambda: T.LlamaForCausalLM(
-        T.LlamaConfig(
-            vocab_size=V,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )  # fmt: skip
-    ),
-    "t5": lambda: T.T5ForConditionalGeneration(
-        T.T5Config(
-            vocab_size=V,
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            dropout_rate=0.0,
-            decoder_start_token_id=0,
-            initializer_factor=3.0,
-        )  # fmt: skip
-    ),
-}
 MODES = {
     "greedy": {"do_sample": False},
     "sample": {"do_sample": True, "top_k": 1, "temperature": 0.7},  # top-k 1: the CPU's tokens (whole sampling path)

@@ -91,9 +91,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -117,7 +114,7 @@ from lazyxla.lowering.rules import compiled_graph
 from lazyxla.lowering.rules.compiled_graph import OP, OP_COLLECTIVE
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.ops import COLLECTIVE_OPS
-from lazyxla.util import warn_once
+from lazyxla.util import after_import, warn_once
 
 BACKEND = "lazyxla"  # the backend's name in torch.compile (the device may be named "xla": devices.torch_name)
 
@@ -632,35 +629,6 @@ _ON_IMPORT = {
 }
 
 
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Runs ``_ON_IMPORT[name](module)`` right after Dynamo's module ``name`` is first imported."""
-
-    def __init__(self, pending: set[str]) -> None:
-        self.pending = pending
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.pending:
-            return None
-        self.pending.discard(name)
-        if not self.pending and self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return loader.create_module(spec)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                _ON_IMPORT[name](module)
-
-        spec.loader = Loader()
-        return spec
-
-
 def register() -> None:
     """Make ``torch.compile(..., backend="lazyxla")`` available (done when lazyxla is imported).
 
@@ -674,15 +642,7 @@ def register() -> None:
     """
     _install_fakification()
     torch_private.wrap_default_compile_backend(_refuse_lazyxla_inputs)
-    pending = set()
-    for name, hook in _ON_IMPORT.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            hook(module)
-        else:
-            pending.add(name)
-    if pending and not any(isinstance(f, _OnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OnImport(pending))
+    after_import(_ON_IMPORT)
 
 
 register()

@@ -31,15 +31,13 @@ and every model not on lazyxla, takes transformers' own path.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import weakref
 
 from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.lazy.regions import compile as lazyxla_compile
 from lazyxla.lazy.step_world import register_holder
+from lazyxla.util import after_import
 
 _MODELING = "transformers.modeling_utils"  # defines PreTrainedModel (it imports GenerationMixin)
 _CACHE_NAMES = ("cache", "past_key_values")  # the forward's keyword for the cache (transformers 5, 4)
@@ -151,30 +149,6 @@ def _patch(modeling) -> None:
     cls.get_compiled_call = get_compiled_call
 
 
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Patches transformers right after ``transformers.modeling_utils`` is first imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _MODELING:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return loader.create_module(spec)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                _patch(module)
-
-        spec.loader = Loader()
-        return spec
-
-
 def install() -> None:
     """Patch transformers now if it is loaded, else when it is (done when lazyxla is imported).
 
@@ -182,8 +156,4 @@ def install() -> None:
 
         import lazyxla, transformers      # either order
     """
-    module = sys.modules.get(_MODELING)
-    if module is not None:
-        _patch(module)
-    elif not any(isinstance(f, _OnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OnImport())
+    after_import({_MODELING: _patch})
