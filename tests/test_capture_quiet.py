@@ -316,3 +316,28 @@ def test_a_location_emptied_between_steps_records_and_raises_the_users_error(dev
     model.seen = None
     with pytest.raises(TypeError, match="NoneType"):  # the user's ``None += 1``, not an error of lazyxla's
         step(*(t.to(dev) for t in _batch(6)))
+
+
+def test_the_loss_read_after_a_replay_walks_no_live_tensors(dev, monkeypatch):
+    """A replay leaves only device data: the loss's ``.item()`` after it has no left-over work to look for, so it
+    skips its walk over every live tensor (``graph.made_only_data``); work pending before a step still computes
+    (the accumulator's sums are lazy mode's)."""
+    from lazyxla.lazy import graph
+
+    walks = []
+    real = graph.live_tensors
+    monkeypatch.setattr(graph, "live_tensors", lambda: (walks.append(1), real())[1])
+    per_step = []
+    _, replays = _run(dev, True, lambda i, *a: per_step.append(len(walks)), steps=8)
+    assert replays >= 4
+    new_walks = [b - a for a, b in zip(per_step, per_step[1:])]
+    assert new_walks[-3:] == [0, 0, 0], new_walks
+    acc = {}
+
+    def between(i, model, opt, seen):
+        if i == 0:
+            acc["sum"] = torch.zeros((), device=dev)
+        acc["sum"] += torch.tensor(seen[-1], device=dev)
+        seen.append(acc["sum"].item())
+
+    _check(dev, between, min_replays=6)

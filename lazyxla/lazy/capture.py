@@ -463,6 +463,7 @@ class _Entry:
         # takes over are checked for holders as on the full path.
         quiet = self._quiet == _quiet_key()
         busy = quiet and self._made != _made()
+        settled = graph.nothing_left()  # (then the replay leaves nothing for the next host read to compute either)
         if not quiet or busy:
             # as the region would: pending work first; but a pending concatenation (generate()'s growing ids)
             # stays pending: the verified program read none of it (its inputs are device data, checked below),
@@ -512,6 +513,8 @@ class _Entry:
             ids = self._watch_ids = frozenset(i for ids in self._watch.values() for i in ids)
         session.arm_watch(ids)
         self._quiet = _quiet_key()
+        if settled:  # its results are device data: the loss's .item() need not walk the live tensors for left-overs
+            graph.made_only_data()
         return out
 
     def _reused(self, leaves: list, outs: list) -> list:

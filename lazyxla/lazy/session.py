@@ -86,6 +86,9 @@ class Session:
         # stay pending), else None: until another LazyTensor is made, the next read skips its walk over every live
         # tensor (``all(t)`` reads each of ``t``'s pieces, all live: a walk per read made iterating quadratic).
         self.quiet_at: int | None = None
+        # ``recorded`` then: when only fresh uploads and factory results were made since (a loader's next batch),
+        # nothing a read would compute was recorded either (``graph.nothing_left``, asked before a replay)
+        self.quiet_recorded: int | None = None
         # The last failure of the work a host read computes for the previous one (graph._compute_left_over: not
         # raised there, since the read did not need it; its tensors raise it when read)
         self.left_over_error: BaseException | None = None
