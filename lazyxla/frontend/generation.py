@@ -35,6 +35,7 @@ import weakref
 
 from lazyxla.config import config
 from lazyxla.device import devices
+from lazyxla.frontend import generation_token
 from lazyxla.lazy.regions import compile as lazyxla_compile
 from lazyxla.lazy.step_world import register_holder
 from lazyxla.util import after_import
@@ -120,7 +121,8 @@ def _wants_capture(model, model_kwargs: dict, generation_config) -> bool:
 
 
 def _patch(modeling) -> None:
-    """Route ``generate()``'s compiled-forward choice to capture for lazyxla models (others: unchanged)."""
+    """Route ``generate()``'s compiled-forward choice to capture for lazyxla models, and its sampling loop to a
+    captured token where it can (``frontend/generation_token.py``); others: unchanged."""
     # (transformers' own modules, loaded by modeling_utils already: imported here, when it is, not with lazyxla)
     from transformers import cache_utils
     from transformers.generation import utils as generation_utils
@@ -128,6 +130,7 @@ def _patch(modeling) -> None:
     register_holder(cache_utils.Cache)
     if hasattr(cache_utils, "EncoderDecoderCache"):  # (a Cache too in transformers 5; a separate class in 4)
         register_holder(cache_utils.EncoderDecoderCache)
+    generation_token.patch(generation_utils.GenerationMixin, lambda model, kw, gc: _wants_capture(model, kw, gc))
     mixin, cls = generation_utils.GenerationMixin, modeling.PreTrainedModel
     criteria = getattr(mixin, "_valid_auto_compile_criteria", None)
     compiled_call = getattr(cls, "get_compiled_call", None)
