@@ -26,7 +26,8 @@ capture cannot return; the captured function returns the output without it, and 
 When: a model on the lazyxla device, a compileable cache (static, not the dynamic one), its layers initialized
 (the prefill ran: the prefill itself is never captured), no ``generation_config.disable_compile``, and
 ``lazyxla.config.capture_generate`` (default on; ``LAZYXLA_CAPTURE_GENERATE=0`` turns it off). Anything else,
-and every model not on lazyxla, takes transformers' own path.
+and every model not on lazyxla, takes transformers' own path. Where ``_sample``'s per-token work is covered too,
+``generation_token.py`` captures the whole token instead (the forward inside it).
 """
 
 from __future__ import annotations
