@@ -251,6 +251,7 @@ def test_sampling_with_choice_replays_the_recorded_draws_of_whole_tokens(dev):
     (first, _), (second, replayed), (recorded, none) = runs
     assert torch.equal(first, recorded) and torch.equal(second, recorded), runs
     assert replayed == NEW - 1 and none == 0
+    assert generation_token.token_step(model).capture_status == "replaying"
 
 
 def test_a_min_length_reached_mid_call_gives_cpu_tokens(dev):
@@ -264,6 +265,7 @@ def test_a_min_length_reached_mid_call_gives_cpu_tokens(dev):
     for _ in range(3):
         got, _ = _loop_generate(model, _prompt().to(dev), **kw)
         assert torch.equal(got, want), (got, want)
+    assert generation_token.token_step(model).capture_status == "replaying"
 
 
 def test_a_processor_that_reads_the_ids_keeps_hfs_loop(dev):
