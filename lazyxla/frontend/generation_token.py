@@ -65,6 +65,16 @@ _DEVICE_CRITERIA = {"EosTokenCriteria"}  # read the last token only: in the capt
 _HOST_CRITERIA = {"MaxLengthCriteria"}  # compare Python ints: the host's
 
 
+# transformers' own pieces of ``_sample`` that the loop and the captured token call (private names of transformers
+# 5: read by name here only; a transformers without them runs its own ``_sample``, ``_covered``)
+_HF_METHODS = ("_prefill", "_update_model_kwargs_for_generation", "_optimize_model_for_decode",
+               "_has_unfinished_sequences")  # fmt: skip
+
+
+def _hf(obj, name: str):
+    return getattr(obj, name)
+
+
 class _Ids:
     """What a processor or criterion sees of the ids: their length (``shape``) and their last token (an index of
     the last column, as ``ids[:, -1]`` or ``ids[:, -1:]``, reads ``last``, of shape (batch, 1))."""
@@ -111,7 +121,7 @@ class _Token:
         for c in criteria:
             done = done | c(new, None)
         unfinished = unfinished & ~done
-        updated = model._update_model_kwargs_for_generation(
+        updated = _hf(model, "_update_model_kwargs_for_generation")(
             outputs, {k: kwargs[k] for k in _POSITIONS if k in kwargs}, is_encoder_decoder=is_encoder_decoder
         )
         # (a copy: a view would keep the grown positions alive, a computed tensor the replay could not put back)
@@ -140,6 +150,8 @@ def token_step(model) -> _Token:
 
 def _covered(model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, kw) -> bool:
     """Whether this ``_sample`` call's per-token work is what ``_Token`` does (else HF's loop runs)."""
+    if not all(hasattr(model, name) for name in _HF_METHODS) or not hasattr(generation_config, "_pad_token_tensor"):
+        return False
     if synced_gpus or streamer is not None or generation_config.is_assistant:
         return False
     if generation_config.return_dict_in_generate or not kw.get("use_cache", True):
@@ -167,7 +179,7 @@ def _select(scores, do_sample: bool, has_eos: bool, unfinished, pad):
 def _sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """``GenerationMixin._sample`` with each decode token one captured call (``_Token``); the prefill's token is
     ``_sample``'s own code, recorded. The loop asks ``_has_unfinished_sequences`` as ``_sample``'s does."""
-    pad = generation_config._pad_token_tensor
+    pad = _hf(generation_config, "_pad_token_tensor")
     pad = None if pad is None else pad.to(input_ids.device)
     flags = (generation_config.do_sample, any(hasattr(c, "eos_token_id") for c in stopping_criteria),
              model.config.is_encoder_decoder)  # fmt: skip
@@ -176,11 +188,11 @@ def _sample(model, input_ids, logits_processor, stopping_criteria, generation_co
     processors = list(logits_processor)
     criteria = [c for c in stopping_criteria if type(c).__name__ in _DEVICE_CRITERIA]
     step, finished = None, False
-    with model._optimize_model_for_decode():
-        while model._has_unfinished_sequences(finished, False, device=input_ids.device):
+    with _hf(model, "_optimize_model_for_decode")():
+        while _hf(model, "_has_unfinished_sequences")(finished, False, device=input_ids.device):
             if step is None:  # the prefill's token: _sample's body
-                outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
-                model_kwargs = model._update_model_kwargs_for_generation(
+                outputs = _hf(model, "_prefill")(input_ids, generation_config, model_kwargs, is_first_iteration=True)
+                model_kwargs = _hf(model, "_update_model_kwargs_for_generation")(
                     outputs, model_kwargs, is_encoder_decoder=flags[2]
                 )
                 logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=input_ids.device)
