@@ -9,11 +9,11 @@ off): one model built from a random config (nothing is downloaded), one KV cache
 one decoding mode. The process generates with the same weights on the CPU (a warm-up call) and on lazyxla (a
 cold call), then ``--rounds`` rounds of one eager call, one warm lazyxla call that records every token
 (``lazyxla.config.capture_generate`` off) and one that replays the decode step (on: the default,
-``lazyxla/frontend/generation.py``), interleaved so that the machine's load hits all alike; a logits processor
-notes, once per token, the time, the process's CPU time and lazyxla's counters. Per token it reports the
-compiles, the IR nodes executed and the milliseconds of wall and CPU time (a token's program runs at the host
-read that decides whether to stop, after the processor's call). Method and results: ``docs/performance.md``
-(generation).
+``lazyxla/frontend/generation.py``), interleaved so that the machine's load hits all alike; a probe notes, each
+time the decoding loop asks whether to go on, the time, the process's CPU time and lazyxla's counters. Per token
+it reports the compiles, the IR nodes executed and the milliseconds of wall and CPU time (a token's program runs
+at the host read that decides whether to stop, before the next mark). Method and results:
+``docs/performance.md`` (generation).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SIZES = {  # hidden size, layers, heads, vocabulary, prompt length
     "tiny": (32, 2, 4, 64, 5),
     "small": (128, 4, 4, 512, 8),
 }
-COUNTERS = ("compiles", "nodes_executed", "executions", "capture_replays")
+COUNTERS = ("compiles", "nodes_executed", "executions", "capture_replays", "ops_recorded")
 
 
 def build(model: str, size: str) -> torch.nn.Module:
@@ -81,9 +81,11 @@ def generate_kwargs(cache: str, mode: str, tokens: int) -> dict[str, Any]:
     return kw
 
 
-class Probe(T.LogitsProcessor):
-    """Notes the time and lazyxla's counters each time generation asks for the next token's scores (returns
-    them unchanged: it records no op)."""
+class Probe:
+    """Notes the time and lazyxla's counters each time generation's loop asks whether to go on (the model's
+    ``_has_unfinished_sequences``, wrapped on the instance for one call: before each token and after the last), so a
+    token's own work and its host read fall between two marks. (Not a logits processor: a captured decode token,
+    ``lazyxla/frontend/generation_token.py``, runs a processor only when it records.)"""
 
     def __init__(self) -> None:
         self.marks: list[tuple[float, dict[str, int]]] = []
@@ -92,18 +94,26 @@ class Probe(T.LogitsProcessor):
         c = lazyxla.metrics.counters()
         self.marks.append((time.perf_counter(), time.process_time(), {k: c.get(k, 0) for k in COUNTERS}))
 
-    def __call__(self, input_ids, scores):
-        self.mark()
-        return scores
+    def generate(self, model, *args, **kw):
+        ask = model._has_unfinished_sequences
+
+        def asked(*a, **k):
+            self.mark()
+            return ask(*a, **k)
+
+        model._has_unfinished_sequences = asked
+        try:
+            return model.generate(*args, **kw)
+        finally:
+            del model._has_unfinished_sequences
 
 
 def timed_generate(model, prompt: torch.Tensor, kw: dict[str, Any]) -> dict[str, Any]:
     """One ``generate()`` call with a ``Probe``: its tokens (on the CPU), and per token (the prefill's first)
-    the seconds and counter increments; ``setup`` is what ran before the first token's scores, ``read`` the
-    output's final read."""
+    the seconds and counter increments; ``setup`` is what ran before the loop, ``read`` the output's final read."""
     probe = Probe()
     probe.mark()
-    out = model.generate(prompt, logits_processor=T.LogitsProcessorList([probe]), **kw)
+    out = probe.generate(model, prompt, **kw)
     probe.mark()
     tokens = out.cpu()
     probe.mark()
@@ -112,7 +122,8 @@ def timed_generate(model, prompt: torch.Tensor, kw: dict[str, Any]) -> dict[str,
     def delta(a, b):
         return {"s": b[0] - a[0], "cpu_s": b[1] - a[1], **{k: b[2][k] - a[2][k] for k in COUNTERS}}
 
-    per_token = [delta(a, b) for a, b in zip(marks[1:-2], marks[2:-1])]
+    # marks: start, one per loop test (N tokens + the last test), end of generate(), after the read
+    per_token = [delta(a, b) for a, b in zip(marks[1:-3], marks[2:-2])]
     return {"tokens": tokens, "setup": delta(marks[0], marks[1]), "per_token": per_token, "read": delta(*marks[-2:])}
 
 
@@ -192,6 +203,8 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "lazyxla_cpu_ms_per_token": _decode_ms(warm, "cpu_s"),
         "recorded_cpu_ms_per_token": _decode_ms(recorded, "cpu_s") if recorded else None,
         "eager_cpu_ms_per_token": _decode_ms(eager, "cpu_s"),
+        "ops_per_token": _decode_median(warm, "ops_recorded"),
+        "programs_per_token": _decode_median(warm, "executions"),
         "replayed_tokens": sum(t["capture_replays"] for run in warm for t in run["per_token"][1:]),
         "decode_tokens": sum(len(run["per_token"]) - 1 for run in warm),
     }  # fmt: skip
@@ -201,6 +214,11 @@ def _decode_ms(runs: list[dict[str, Any]], key: str = "s") -> float:
     """Median milliseconds per decode token over ``runs`` (token 0 comes with the prefill: not counted), of wall
     time (``s``) or the process's CPU time (``cpu_s``)."""
     return statistics.median(t[key] for run in runs for t in run["per_token"][1:]) * 1e3
+
+
+def _decode_median(runs: list[dict[str, Any]], key: str) -> float:
+    """Median of counter ``key`` per decode token over ``runs`` (the warm calls)."""
+    return statistics.median(t.get(key, 0) for run in runs for t in run["per_token"][1:])
 
 
 def _total(run: dict[str, Any], key: str) -> float:
@@ -222,7 +240,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['model']} {r['cache']} {r['mode']}", r["policy"], str(s["setup_compiles"]),
             _shown(s["compiles_per_token"]), str(s["compiles_after_token_3"]), str(s["read_compiles"]),
             f"{min(nodes[1:], default=0)}–{max(nodes[1:], default=0)}", str(s["warm_compiles"]), R.fmt(s["cold_s"]),
-            f"{s['replayed_tokens']}/{s['decode_tokens']}", R.fmt(s["lazyxla_ms_per_token"]),
+            f"{s['replayed_tokens']}/{s['decode_tokens']}", R.fmt(s["ops_per_token"]),
+            R.fmt(s["programs_per_token"]), R.fmt(s["lazyxla_ms_per_token"]),
             R.fmt(s["recorded_ms_per_token"]), R.fmt(s["eager_ms_per_token"]), R.fmt(s["ratio"]),
             R.fmt(s["lazyxla_cpu_ms_per_token"]), R.fmt(s["recorded_cpu_ms_per_token"]),
             R.fmt(s["eager_cpu_ms_per_token"]),
@@ -232,14 +251,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     return R.table(
         f"generate(): {tokens} new tokens, batch 2, {size} models {SIZES[size]} (hidden, layers, heads, vocab, prompt)",
         ["model cache mode", "reads compute", "setup", "compiles per token", "after tok 3", "final read",
-         "nodes/token", "2nd call", "cold s", "replayed", "ms/tok replay", "ms/tok record", "ms/tok eager",
-         "x eager", "cpu ms replay", "cpu ms record", "cpu ms eager", "= CPU"],
+         "nodes/token", "2nd call", "cold s", "replayed", "ops/tok", "progs/tok", "ms/tok replay", "ms/tok record",
+         "ms/tok eager", "x eager", "cpu ms replay", "cpu ms record", "cpu ms eager", "= CPU"],
         lines,
         ["setup: compiles before the first token (generate's own checks of the prompt); compiles per token: at "
          "the host read after each token (token 0 with the prefill); final read: reading the output ids;",
          "nodes/token: IR nodes executed per decode token, least and most (a replayed forward's not counted); "
          "2nd call: compiles of an identical second call; replayed: decode tokens whose forward was replayed, of "
-         "the warm calls'; ms/tok: median wall ms per decode token over the warm lazyxla calls (replaying the "
+         "the warm calls'; ops/tok, progs/tok: ops recorded and programs run per warm replaying decode token "
+         "(median); ms/tok: median wall ms per decode token over the warm lazyxla calls (replaying the "
          "decode step; recording every token, capture_generate off) and the eager ones; x eager: replay / eager;",
          "cpu ms: the same medians of the process's CPU time (all its threads);",
          "= CPU: the same tokens as eager on the CPU and no CPU fallback"],

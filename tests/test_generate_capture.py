@@ -16,7 +16,7 @@ import torch
 import transformers as T
 
 import lazyxla
-from lazyxla.frontend import generation
+from lazyxla.frontend import generation, generation_token
 from lazyxla.lazy import step_world
 from tests.clients.test_generate import MODELS, NEW, V  # the same tiny models as the client test
 
@@ -192,3 +192,91 @@ def test_a_step_that_replaces_a_held_tensor_is_refused(holder, dev):
             out = run(x, state)
     assert out.item() == 16.0
     assert "replaces tensor" in run.capture_status and "layers.0.keys" in run.capture_status, run.capture_status
+
+
+# ---- the whole decode token captured (frontend/generation_token.py) ---------------------------------------------
+
+TOKEN_COUNTERS = ("compiles", "executions", "ops_recorded", "capture_replays")
+
+
+def _loop_generate(model, prompt, **kw):
+    """``generate()`` with lazyxla's counters noted each time the decoding loop asks whether to go on (no logits
+    processor of ours: a replayed token runs none); per token, the counters' increments (token 0: the prefill's)."""
+    marks = []
+    ask = model._has_unfinished_sequences
+
+    def asked(*a, **k):
+        c = lazyxla.metrics.counters()
+        marks.append(tuple(c.get(k, 0) for k in TOKEN_COUNTERS))
+        return ask(*a, **k)
+
+    model._has_unfinished_sequences = asked
+    try:
+        out = model.generate(prompt, cache_implementation="static", **kw)
+    finally:
+        del model._has_unfinished_sequences
+    return out.cpu(), [tuple(b - a for a, b in zip(x, y)) for x, y in zip(marks, marks[1:])]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("mode", list(MODES))
+def test_generate_replays_each_whole_token_with_cpu_tokens(name, mode, dev):
+    """A warm decode token is one replayed program (the forward, the processors, the draw or argmax, the stopping
+    criteria) and the two ops of the ids' ``cat``: none of generate()'s per-token work is recorded."""
+    model = _model(name)
+    want = model.generate(_prompt(), cache_implementation="static", **_kw(mode))
+    model.to(dev)
+    got, per_token = _loop_generate(model, _prompt().to(dev), **_kw(mode))
+    assert torch.equal(got, want), (got, want)
+    assert len(per_token) == NEW
+    compiles, programs, ops, replays = zip(*per_token)
+    assert sum(compiles[4:]) == 0 and all(replays[4:]), per_token
+    assert generation_token.token_step(model).capture_status == "replaying"
+    again, per_token = _loop_generate(model, _prompt().to(dev), **_kw(mode))
+    assert torch.equal(again, want)
+    assert all(t == (0, 1, 2, 1) for t in per_token[1:]), per_token  # (compiles, programs, ops, replays)
+
+
+def test_sampling_with_choice_replays_the_recorded_draws_of_whole_tokens(dev):
+    """With a choice (top-k 8), a replayed token draws the keys a recorded one would: the same seed gives the
+    same tokens with the whole token captured and with capture off."""
+    model = _model("llama").to(dev)
+    kw = {**_kw("sample"), "top_k": 8, "temperature": 1.5}
+    runs = []
+    for on in (True, True, False):
+        with lazyxla.config.override(capture_generate=on):
+            torch.manual_seed(3)
+            got, per_token = _loop_generate(model, _prompt().to(dev), **kw)
+        runs.append((got, sum(t[3] for t in per_token)))
+    (first, _), (second, replayed), (recorded, none) = runs
+    assert torch.equal(first, recorded) and torch.equal(second, recorded), runs
+    assert replayed == NEW - 1 and none == 0
+    assert generation_token.token_step(model).capture_status == "replaying"
+
+
+def test_a_min_length_reached_mid_call_gives_cpu_tokens(dev):
+    """``min_new_tokens`` below the length: the EOS ban holds for the first tokens only (the processor's branch is
+    a guard: the token where it flips records), and an EOS the model picks then ends the row as on the CPU."""
+    model = _model("llama")
+    model.generation_config.eos_token_id = 5  # (a token the tiny model picks: rows end early once allowed)
+    kw = {"do_sample": False, "max_new_tokens": NEW + 4, "min_new_tokens": 3, "pad_token_id": 0}
+    want = model.generate(_prompt(), cache_implementation="static", **kw)
+    model.to(dev)
+    for _ in range(3):
+        got, _ = _loop_generate(model, _prompt().to(dev), **kw)
+        assert torch.equal(got, want), (got, want)
+    assert generation_token.token_step(model).capture_status == "replaying"
+
+
+def test_a_processor_that_reads_the_ids_keeps_hfs_loop(dev):
+    """A repetition penalty reads every generated id: not in the captured token; transformers' loop runs, with the
+    forward replayed as before, and gives the CPU's tokens."""
+    model = _model("gpt2")
+    kw = {**_kw(), "repetition_penalty": 1.5}
+    want = model.generate(_prompt(), cache_implementation="static", **kw)
+    model.to(dev)
+    got, per_token = _loop_generate(model, _prompt().to(dev), **kw)
+    assert torch.equal(got, want)
+    assert generation_token._ATTR not in model.__dict__  # (no captured token was made)
+    assert all(t[3] for t in per_token[4:]), per_token  # the forward is replayed
+    assert min(t[2] for t in per_token[4:]) > 10, per_token  # and the rest of each token recorded

@@ -26,7 +26,8 @@ capture cannot return; the captured function returns the output without it, and 
 When: a model on the lazyxla device, a compileable cache (static, not the dynamic one), its layers initialized
 (the prefill ran: the prefill itself is never captured), no ``generation_config.disable_compile``, and
 ``lazyxla.config.capture_generate`` (default on; ``LAZYXLA_CAPTURE_GENERATE=0`` turns it off). Anything else,
-and every model not on lazyxla, takes transformers' own path.
+and every model not on lazyxla, takes transformers' own path. Where ``_sample``'s per-token work is covered too,
+``generation_token.py`` captures the whole token instead (the forward inside it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import weakref
 
 from lazyxla.config import config
 from lazyxla.device import devices
+from lazyxla.frontend import generation_token
 from lazyxla.lazy.regions import compile as lazyxla_compile
 from lazyxla.lazy.step_world import register_holder
 from lazyxla.util import after_import
@@ -120,7 +122,8 @@ def _wants_capture(model, model_kwargs: dict, generation_config) -> bool:
 
 
 def _patch(modeling) -> None:
-    """Route ``generate()``'s compiled-forward choice to capture for lazyxla models (others: unchanged)."""
+    """Route ``generate()``'s compiled-forward choice to capture for lazyxla models, and its sampling loop to a
+    captured token where it can (``frontend/generation_token.py``); others: unchanged."""
     # (transformers' own modules, loaded by modeling_utils already: imported here, when it is, not with lazyxla)
     from transformers import cache_utils
     from transformers.generation import utils as generation_utils
@@ -128,6 +131,7 @@ def _patch(modeling) -> None:
     register_holder(cache_utils.Cache)
     if hasattr(cache_utils, "EncoderDecoderCache"):  # (a Cache too in transformers 5; a separate class in 4)
         register_holder(cache_utils.EncoderDecoderCache)
+    generation_token.patch(generation_utils.GenerationMixin, lambda model, kw, gc: _wants_capture(model, kw, gc))
     mixin, cls = generation_utils.GenerationMixin, modeling.PreTrainedModel
     criteria = getattr(mixin, "_valid_auto_compile_criteria", None)
     compiled_call = getattr(cls, "get_compiled_call", None)

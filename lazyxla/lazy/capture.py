@@ -157,6 +157,7 @@ class _Start:
         self.objects = {name: _ref(loc.get(flat)) for name, loc in self.locations.items()}
         self.present = {name for name, ref in self.objects.items() if ref is not _none}
         self.named: dict[int, tuple] = {}  # id(device-data node) -> the location it was read from
+        self.node_at: dict[tuple, int] = {}  # location -> id(its device-data node) (one node may be at several)
         self.nodes = []  # keeps those nodes alive, so their ids stay theirs
         for name, ref in self.objects.items():
             t = ref()
@@ -170,6 +171,7 @@ class _Start:
                     # float results may differ from a captured step's in the last bits.)
                     known.forget(n)
                     self.named.setdefault(id(n), name)
+                    self.node_at[name] = id(n)
                     self.nodes.append(n)
         held = [t._value[0] for t in live_tensors()]
         self.held: dict[int, int] = {}  # id(node) -> how many live tensors hold it (device data before the call)
@@ -267,7 +269,10 @@ class _Candidate:
                 claimed.add(j)
             elif n.op is not _DATA:
                 raise NotCapturable(f"the step leaves {_say(name)} pending")
-            elif after is not before or start.named.get(id(n)) != name:
+            elif after is not before or start.node_at.get(name) != id(n):
+                # (a location left as it was is no write, though another location holds the same tensor: a
+                # processor and a stopping criterion of generate() share the EOS ids, and the criterion rebinds
+                # them to themselves, ``self.eos_token_id = self.eos_token_id.to(device)``)
                 raise NotCapturable(f"the step puts a tensor it did not compute in {_say(name)}")
         self.claimed = claimed
         rebound = {name for name, _, _ in self.outputs}
