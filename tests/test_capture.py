@@ -435,3 +435,35 @@ def test_replays_send_the_steps_python_numbers_to_the_device_once(dev):
     # the numbers'
     sent = sizes["bytes_to_device"]
     assert sent["total_bytes"] == 4 * 6 * 8 * sent["count"], sizes
+
+
+class _Scaled(nn.Module):
+    """A linear layer times a tensor attribute (not a parameter or buffer: a location of its own)."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = scale
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_two_places_sharing_a_tensor_then_not(dev, captured):
+    """Two modules hold one tensor: the program reads it once, from the first place. When the second module gets a
+    tensor of its own, the replay must not read the first one's for it: the call records (lazy mode's numbers)."""
+    torch.manual_seed(0)
+    shared = torch.full((3,), 2.0, device=dev)
+    a, b = _Scaled(shared).to(dev), _Scaled(shared).to(dev)
+    step = lazyxla.compile(lambda x: (a(x) + b(x)).sum(), capture=captured)
+    x = torch.ones(2, 3, device=dev)
+    lazyxla.metrics.reset()
+    seen = [step(x).item() for _ in range(5)]
+    b.scale = torch.full((3,), 5.0, device=dev)
+    seen += [step(x).item() for _ in range(2)]
+    with torch.no_grad():
+        ref = [((a.lin(x) + b.lin(x)) * 2.0).sum().item()] * 5 + [(a.lin(x) * 2 + b.lin(x) * 5).sum().item()] * 2
+    torch.testing.assert_close(torch.tensor(seen), torch.tensor(ref))
+    if captured:
+        assert lazyxla.metrics.counters().get("capture_replays", 0) >= 2

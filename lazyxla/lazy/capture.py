@@ -208,6 +208,9 @@ class _Candidate:
         self.constants: list[tuple] = []  # (leaf position, content) of device data made inside the step
         self.keys: list[tuple] = []  # (leaf position, key offset from the call's first)
         self.outputs: list[tuple] = []  # (location name, _SAME/_NEW/_NONE, result number or -1)
+        # (location name, the location name its tensor was read from): a location left holding the tensor another
+        # location holds, which the program read from that other one; a replay checks they still share it
+        self.aliases: list[tuple] = []
         self.ret: tuple = ()
         self.locations = start.locations
 
@@ -274,6 +277,8 @@ class _Candidate:
                 # processor and a stopping criterion of generate() share the EOS ids, and the criterion rebinds
                 # them to themselves, ``self.eos_token_id = self.eos_token_id.to(device)``)
                 raise NotCapturable(f"the step puts a tensor it did not compute in {_say(name)}")
+            elif start.named.get(id(n)) != name:  # (the program reads it from the other: they must still share it)
+                self.aliases.append((name, start.named[id(n)]))
         self.claimed = claimed
         rebound = {name for name, _, _ in self.outputs}
         for pos in r.compiled.donated:
@@ -327,6 +332,7 @@ class _Candidate:
             tuple(self.keys),
             self.drawn,
             tuple(self.outputs),
+            tuple(self.aliases),
             self.ret,
         )
 
@@ -396,6 +402,7 @@ class _Entry:
         shaped = graph.key_layouts(r.key)
         self.inputs = [(pos, locs[name], h, shaped and shaped[pos]) for pos, name, h in cand.inputs]
         self.names = [name for _, name, _ in cand.inputs]  # (to say which input a replay missed at)
+        self.aliases = [(locs[a], locs[b]) for a, b in cand.aliases]  # (``_Candidate.aliases``: checked per replay)
         # per input: a C-level callable giving its location's tensor (``getter``; None for an argument, read from
         # the call's flattened arguments), and the arguments' (input, position among them)
         getters = [loc.getter() for _, loc, _, _ in self.inputs]
@@ -474,6 +481,9 @@ class _Entry:
             # stays pending: the verified program read none of it (its inputs are device data, checked below),
             # and computing it would be a program of a new shape each call
             graph.sync_but_concatenations(reason="a captured step")
+        for a, b in self.aliases:  # (the program reads one tensor for both: a tensor in ``a`` of its own is not read)
+            if a.get(flat) is not b.get(flat):
+                return _miss("two places that held one tensor in the verified call now hold different ones")
         leaves = list(self.template)
         inner = {}  # per input: the LazyTensor read from its location
         checked = self._inputs(flat, leaves, inner, quiet)
