@@ -42,17 +42,18 @@ class CompileCounts(T.TrainerCallback):
         self.counts.append(compiled())
 
 
-def trainer(out, batch, model, counts):
+def trainer(out, batch, model, counts, steps):
+    every = max(2, steps // 2)  # evaluation and checkpoints: steps 2 and 4 of the default 4 steps
     args = T.TrainingArguments(
         output_dir=out,
         per_device_train_batch_size=batch,
         per_device_eval_batch_size=batch,
         gradient_accumulation_steps=2,
         learning_rate=5e-3,  # Trainer's 5e-5 would move the weights less than the tolerance of the comparison
-        max_steps=4,
+        max_steps=steps,
         eval_strategy="steps",
-        eval_steps=2,
-        save_steps=2,
+        eval_steps=every,
+        save_steps=every,
         logging_steps=1,
         report_to="none",
     )
@@ -61,15 +62,15 @@ def trainer(out, batch, model, counts):
     )
 
 
-def main(out, batch):
+def main(out, batch, steps=4):
     model = seeded_llama(0)
     initial = cpu_state(model)
     counts = CompileCounts()
-    first = trainer(out, batch, model, counts)
+    first = trainer(out, batch, model, counts, steps)
     first.train()
     final = cpu_state(first.model)
-    second = trainer(out, batch, seeded_llama(1), CompileCounts())
-    second.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    second = trainer(out, batch, seeded_llama(1), CompileCounts(), steps)
+    second.train(resume_from_checkpoint=os.path.join(out, f"checkpoint-{first.args.save_steps}"))
     args = first.args
     optimizer = first.optimizer.optimizer  # the torch optimizer inside accelerate's wrapper
     result = {
@@ -93,13 +94,14 @@ def main(out, batch):
     torch.save(result, os.path.join(out, f"result_{args.process_index}.pt"))
 
 
-def _mp_fn(index, out, batch):
-    main(out, batch)
+def _mp_fn(index, out, batch, steps):
+    main(out, batch, steps)
 
 
 if __name__ == "__main__":
     out, batch = sys.argv[1], int(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     if xmp is not None:
-        xmp.spawn(_mp_fn, args=(out, batch))
+        xmp.spawn(_mp_fn, args=(out, batch, steps))
     else:
-        main(out, batch)
+        main(out, batch, steps)
