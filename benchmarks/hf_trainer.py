@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--steps must be more than {WARM} (the warm-up)")
     out = os.path.join(ROOT, "build", "bench-hf-trainer")
     os.makedirs(out, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": ROOT, "LAZYXLA_PERSISTENT_CACHE": os.environ.get("LAZYXLA_PERSISTENT_CACHE", "0")}
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.setdefault("LAZYXLA_PERSISTENT_CACHE", "0")
     cmd = [sys.executable, "-m", "lazyxla.run", os.path.abspath(__file__), "--rounds", str(a.rounds)]
     proc = subprocess.run([*cmd, "--steps", str(a.steps), "--worker", out], env=env, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)

@@ -29,8 +29,8 @@ from lazyxla import (  # noqa: F401  (the public submodules, and lowering fills 
 from lazyxla.config import config
 from lazyxla.device import devices as _devices
 from lazyxla.frontend import generation as _generation
-from lazyxla.frontend import trainer as _trainer
 from lazyxla.frontend import kernels as _kernels
+from lazyxla.frontend import trainer as _trainer
 from lazyxla.frontend.export import Exported, ExportError, export
 from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
 from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)

@@ -50,4 +50,3 @@ def test_trainer_replays_its_training_step_and_equals_cpu(cpu, tmp_path):
     resumed = per_step(result["resumed_replays"], result["replays"][-1])
     assert len(resumed) == STEPS // 2 and resumed[-2:] == [1, 1], resumed
     print(f"replays per step {replays}, resumed {resumed}; compiles {compiles}")
-
