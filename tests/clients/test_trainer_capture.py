@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.clients.architectures import build
 from tests.clients.scripts import assert_xla_path, run_script
 from tests.clients.test_trainer import assert_equals_cpu
 
@@ -50,3 +51,45 @@ def test_trainer_replays_its_training_step_and_equals_cpu(cpu, tmp_path):
     resumed = per_step(result["resumed_replays"], result["replays"][-1])
     assert len(resumed) == STEPS // 2 and resumed[-2:] == [1, 1], resumed
     print(f"replays per step {replays}, resumed {resumed}; compiles {compiles}")
+
+
+# ---- what the captured step guards, and what it refuses (no training: the Trainer objects alone) ------------
+
+
+def _trainer(tmp_path, cls=None, **options):
+    import transformers as T
+
+    model, _ = build("llama")
+    args = T.TrainingArguments(output_dir=str(tmp_path), report_to="none", gradient_accumulation_steps=2)
+    return (cls or T.Trainer)(model=model, args=args, **options)
+
+
+def test_a_trainer_whose_step_code_is_its_own_is_captured_and_others_are_recorded_saying_why(tmp_path):
+    import transformers as T
+
+    from lazyxla.frontend.trainer import training_step_capture
+
+    class OwnLoss(T.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * 2
+
+    assert training_step_capture(_trainer(tmp_path)).capture_status == "not called yet"
+    status = training_step_capture(_trainer(tmp_path, OwnLoss)).capture_status
+    assert status.startswith("recorded, not captured: OwnLoss overrides Trainer.compute_loss"), status
+    status = training_step_capture(_trainer(tmp_path, compute_loss_func=lambda *a, **k: None)).capture_status
+    assert status.startswith("recorded, not captured: a compute_loss_func"), status
+
+
+def test_the_guards_hold_the_numbers_the_step_reads_and_not_the_loop_counters(tmp_path):
+    from lazyxla.frontend.trainer import _numbers
+
+    trainer = _trainer(tmp_path)
+    numbers = _numbers(trainer)
+    trainer.current_flos += 1e6  # the loop's counters change every step; the step reads none of them
+    trainer._globalstep_last_logged = 3
+    assert _numbers(trainer) == numbers
+    trainer.current_gradient_accumulation_steps = 1  # the epoch's last, shorter accumulation: another loss scale
+    assert _numbers(trainer) != numbers
+    trainer.current_gradient_accumulation_steps = 2
+    trainer.accelerator.gradient_accumulation_steps = 4  # accelerate's backward divides the loss by it
+    assert _numbers(trainer) != numbers
