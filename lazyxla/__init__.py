@@ -30,6 +30,7 @@ from lazyxla.config import config
 from lazyxla.device import devices as _devices
 from lazyxla.frontend import generation as _generation
 from lazyxla.frontend import kernels as _kernels
+from lazyxla.frontend import trainer as _trainer
 from lazyxla.frontend.export import Exported, ExportError, export
 from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
 from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 _kernels.install(_compat.device_name())  # "lazyxla", or "xla" for torch_xla's code (python -m lazyxla.run)
 _process_group.register()
 _generation.install()  # generate() on a lazyxla model replays its decode step (now, or when transformers loads)
+_trainer.install()  # with config.capture: Trainer.training_step on a lazyxla model replays (when transformers loads)
 # torch.compile'd functions call the collectives without a graph break (lazyxla's files are skipped by Dynamo)
 dynamo.allow_in_graph(all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, broadcast)
 

@@ -158,9 +158,10 @@ FLAGS: tuple[Flag, ...] = (
         "Whole-step capture by default for step functions: lazyxla.compile(fn) and torch_xla.compile(fn) made "
         "while this is on capture as lazyxla.compile(fn, capture=True) does (a verified step replays without "
         "running its Python; a step that cannot be replayed is recorded, as before, and its status says why); "
-        "lazyxla.compile(fn, capture=False) opts one function out. Regions written as `with` blocks, and loops "
-        "with no step function (the work between two mark_step() calls), run their Python every step, so "
-        "they are recorded. See docs/performance.md (whole-step capture).",
+        "lazyxla.compile(fn, capture=False) opts one function out. HF Trainer's training_step on a lazyxla model "
+        "is captured too. Regions written as `with` blocks, and loops with no step function (the work between two "
+        "mark_step() calls), run their Python every step, so they are recorded. See docs/performance.md "
+        "(whole-step capture).",
     ),
     Flag(
         "warn_graph_nodes",

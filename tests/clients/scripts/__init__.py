@@ -18,13 +18,17 @@ HERE = Path(__file__).resolve().parent
 RTOL = 1e-4  # relative (and, for parameters, absolute) difference allowed between lazyxla and the CPU
 
 
-def run_script(name: str, folder: Path, batch: int, on_lazyxla: bool, replicas: int | None = None) -> list[dict]:
+def run_script(
+    name: str, folder: Path, batch: int, on_lazyxla: bool, replicas: int | None = None, *args: str, **env: str
+) -> list[dict]:
     """Each replica's result of ``scripts/<name>`` writing into ``folder``, run under ``python -m lazyxla.run``
-    (``replicas``: ``CPU_NUM_DEVICES``, the replicas ``xmp.spawn`` starts) or with plain python on the CPU."""
+    (``replicas``: ``CPU_NUM_DEVICES``, the replicas ``xmp.spawn`` starts) or with plain python on the CPU;
+    ``args``: the script's further arguments, ``env``: further environment variables."""
     folder.mkdir()
     launcher = ["-m", "lazyxla.run"] if on_lazyxla else []
     extra = {"CPU_NUM_DEVICES": str(replicas)} if replicas else {}
-    proc = run_python([*launcher, str(HERE / name), str(folder), str(batch)], folder, timeout=600, **extra)
+    command = [*launcher, str(HERE / name), str(folder), str(batch), *args]
+    proc = run_python(command, folder, timeout=600, **extra, **env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [torch.load(p, weights_only=True) for p in sorted(folder.glob("result_*.pt"))]
 

@@ -44,6 +44,12 @@ def compiled():
     return (met.counter_value("UncachedCompile") or 0) if met is not None else None
 
 
+def replays():
+    """Captured steps replayed so far (lazyxla's ``capture_replays``, through torch_xla's metrics API, which
+    answers lazyxla's own counter names); None on the CPU."""
+    return (met.counter_value("capture_replays") or 0) if met is not None else None
+
+
 # torch_xla counts each host read of a value (`.item()`, which the Trainer's logging does) as this fallback; it
 # reads a computed value, it is no op run on the CPU instead of the device
 HOST_READ = "aten::_local_scalar_dense"

@@ -4,14 +4,14 @@ Under ``python -m lazyxla.run`` transformers finds ``torch_xla`` and takes its X
 ``DistributedType.XLA``, ``MpDeviceLoader``, ``xm.mark_step``, ``xm.save``, ...); with plain ``python`` it
 trains on the CPU. ``xmp.spawn`` starts one replica per device (``CPU_NUM_DEVICES=2``: two processes).
 
-It trains a tiny random Llama for 4 optimizer steps with Trainer's defaults (fused AdamW, pinned memory,
-``max_grad_norm=1.0``, linear schedule) plus gradient accumulation, evaluation and checkpoints every 2 steps,
-then trains again from ``checkpoint-2`` (``resume_from_checkpoint``) to step 4. Every replica writes what it
-saw to ``<out>/result_<rank>.pt``: logs, parameters, the device and distributed facts, compile counts per
-step and the ops that ran on the CPU.
+It trains a tiny random Llama for STEPS optimizer steps (default 4) with Trainer's defaults (fused AdamW, pinned
+memory, ``max_grad_norm=1.0``, linear schedule) plus gradient accumulation, evaluation and checkpoints every
+STEPS/2 steps (at least 2), then trains again from the first checkpoint (``resume_from_checkpoint``) to the last
+step. Every replica writes what it saw to ``<out>/result_<rank>.pt``: logs, parameters, the device and
+distributed facts, compile and capture replay counts per step and the ops that ran on the CPU.
 
-    python -m lazyxla.run hf_trainer.py OUT BATCH          # on lazyxla (CPU_NUM_DEVICES=2: 2 replicas)
-    python hf_trainer.py OUT BATCH                         # on the CPU
+    python -m lazyxla.run hf_trainer.py OUT BATCH [STEPS]  # on lazyxla (CPU_NUM_DEVICES=2: 2 replicas)
+    python hf_trainer.py OUT BATCH [STEPS]                 # on the CPU
 """
 
 import os
@@ -19,7 +19,7 @@ import sys
 
 import torch
 import transformers as T
-from hf_common import compiled, cpu_ops, examples, llama, xmp
+from hf_common import compiled, cpu_ops, examples, llama, replays, xmp
 from transformers.utils import is_torch_xla_available
 
 
@@ -33,26 +33,30 @@ def cpu_state(model):
 
 
 class CompileCounts(T.TrainerCallback):
-    """Programs compiled so far, at the end of each optimizer step (torch_xla's UncachedCompile counter)."""
+    """Programs compiled so far, at the end of each optimizer step (torch_xla's UncachedCompile counter), and
+    captured steps replayed so far (lazyxla's ``capture_replays``; ``LAZYXLA_CAPTURE=1``)."""
 
     def __init__(self):
         self.counts = []
+        self.replays = []
 
     def on_step_end(self, args, state, control, **kwargs):
         self.counts.append(compiled())
+        self.replays.append(replays())
 
 
-def trainer(out, batch, model, counts):
+def trainer(out, batch, model, counts, steps):
+    every = max(2, steps // 2)  # evaluation and checkpoints: steps 2 and 4 of the default 4 steps
     args = T.TrainingArguments(
         output_dir=out,
         per_device_train_batch_size=batch,
         per_device_eval_batch_size=batch,
         gradient_accumulation_steps=2,
         learning_rate=5e-3,  # Trainer's 5e-5 would move the weights less than the tolerance of the comparison
-        max_steps=4,
+        max_steps=steps,
         eval_strategy="steps",
-        eval_steps=2,
-        save_steps=2,
+        eval_steps=every,
+        save_steps=every,
         logging_steps=1,
         report_to="none",
     )
@@ -61,15 +65,16 @@ def trainer(out, batch, model, counts):
     )
 
 
-def main(out, batch):
+def main(out, batch, steps=4):
     model = seeded_llama(0)
     initial = cpu_state(model)
     counts = CompileCounts()
-    first = trainer(out, batch, model, counts)
+    first = trainer(out, batch, model, counts, steps)
     first.train()
     final = cpu_state(first.model)
-    second = trainer(out, batch, seeded_llama(1), CompileCounts())
-    second.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+    resumed_counts = CompileCounts()
+    second = trainer(out, batch, seeded_llama(1), resumed_counts, steps)
+    second.train(resume_from_checkpoint=os.path.join(out, f"checkpoint-{first.args.save_steps}"))
     args = first.args
     optimizer = first.optimizer.optimizer  # the torch optimizer inside accelerate's wrapper
     result = {
@@ -88,18 +93,22 @@ def main(out, batch):
         "resumed_logs": second.state.log_history,
         "resumed": cpu_state(second.model),
         "compiles": counts.counts,
+        "replays": counts.replays,
+        "resumed_compiles": resumed_counts.counts,
+        "resumed_replays": resumed_counts.replays,
         "cpu_ops": cpu_ops(),
     }
     torch.save(result, os.path.join(out, f"result_{args.process_index}.pt"))
 
 
-def _mp_fn(index, out, batch):
-    main(out, batch)
+def _mp_fn(index, out, batch, steps):
+    main(out, batch, steps)
 
 
 if __name__ == "__main__":
     out, batch = sys.argv[1], int(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     if xmp is not None:
-        xmp.spawn(_mp_fn, args=(out, batch))
+        xmp.spawn(_mp_fn, args=(out, batch, steps))
     else:
-        main(out, batch)
+        main(out, batch, steps)
