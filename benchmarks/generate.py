@@ -42,6 +42,7 @@ SIZES = {  # hidden size, layers, heads, vocabulary, prompt length
     "tiny": (32, 2, 4, 64, 5),
     "small": (128, 4, 4, 512, 8),
 }
+MODEL_NAMES = ("gpt2", "llama", "t5")
 COUNTERS = ("compiles", "nodes_executed", "executions", "capture_replays", "ops_recorded")
 
 
@@ -266,6 +267,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """``make bench``'s generation section: each tiny model with a static cache, greedy and sampling, host reads
+    computing what they need, 16 new tokens and 2 interleaved rounds (``quick``: GPT-2 greedy, 6 tokens, 1 round).
+
+    Example::
+
+        print(table(run(quick=True)))
+    """
+    if quick:
+        models, modes, tokens, rounds = ("gpt2",), ("greedy",), 6, 1
+    else:
+        models, modes, tokens, rounds = MODEL_NAMES, ("greedy", "sample"), 16, 2
+    rows = []
+    for model in models:
+        for mode in modes:
+            print(f"[generate] {model} static {mode}", file=sys.stderr, flush=True)
+            r = _child((model, "static", "needed", mode), tokens, "tiny", rounds)
+            r["summary"] = summarize(r)
+            rows.append(r)
+    return rows
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
     try:
@@ -281,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="tiny models, 6 tokens, static cache, greedy")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--size", choices=list(SIZES), default="small")
-    p.add_argument("--models", default="gpt2,llama,t5")
+    p.add_argument("--models", default=",".join(MODEL_NAMES))
     p.add_argument("--caches", default="static,dynamic")
     p.add_argument("--policies", default="needed,all")
     p.add_argument("--modes", default="greedy", help=f"of {', '.join(MODES)}")

@@ -20,7 +20,11 @@ Usage: ``python -m benchmarks.run [--quick] [--json PATH] [--steps N] [--warmup 
     the benchmark size and with the same model structure at negligible compute (the host's part on an
     accelerator);
 (j) Hugging Face GPT-2 and Llama training steps (``benchmarks/hf.py``): host ms per warm step of eager, lazy mode,
-    captured and torch.compile, and torch_xla's lazy mode and openxla when its venv exists.
+    captured and torch.compile, and torch_xla's lazy mode and openxla when its venv exists;
+(k) an SPMD training step on 8 devices (``benchmarks/spmd.py``): host ms per warm step, lazy mode and captured,
+    FSDP and a 2 x 4 mesh;
+(l) Hugging Face ``generate()`` (``benchmarks/generate.py``): ms per decode token (wall and CPU) replayed, recorded
+    and eager, tokens compared with the CPU's, GPT-2, Llama and T5 with a static cache, greedy and sampling.
 
 All results go to a JSON file (default ``build/bench.json``). Method: ``docs/performance.md``.
 """
@@ -49,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEPS_SHOWN = 5
 # what --only chooses from: (a)(b)(f) training, (i) host, (g) overlap, (h) program_size, (c)(e) fresh, (d) recording,
 # (j) hf
-SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording", "hf")
+SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording", "hf", "spmd", "generate")
 # the frameworks whose compiles per step are counted
 LAZY_FRAMEWORKS = tuple(fw for fw in S.FRAMEWORKS if fw.startswith("lazyxla"))
 # Idle OpenMP workers (PyTorch's) sleep instead of spinning: three runtimes share this process and the
@@ -541,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["LAZYXLA_PERSISTENT_CACHE"] = "0"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import lazyxla  # noqa: F401  (before any CPU autograd runs: see docs/performance.md)
-    from benchmarks import hf, host, overlap, program_size, recording
+    from benchmarks import generate, hf, host, overlap, program_size, recording, spmd
 
     start = time.perf_counter()
     results: dict[str, Any] = {"meta": _meta(args, settings)}
@@ -569,6 +573,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # --quick: a smoke test of the hook (tests/test_bench_hf.py tests the module): one model, no torch_xla
         models = hf.MODELS[:1] if args.quick else hf.MODELS
         results["hf"] = hf.run(quick=args.quick, models=models, torch_xla=not args.quick)
+    if "spmd" in sections:
+        _log("SPMD training step (benchmarks/spmd.py)")
+        results["spmd"] = spmd.run(quick=args.quick)
+    if "generate" in sections:
+        _log("generate() (benchmarks/generate.py)")
+        results["generate"] = generate.run(quick=args.quick)
     results["meta"]["wall_s"] = time.perf_counter() - start
     R.write_json(args.json, results)  # before the tables: a table bug loses no measurement
     tables = []
@@ -591,6 +601,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tables.append(host.table(results["host"]))
     if "hf" in sections:
         tables.append("(j) " + hf.table(results["hf"]))
+    if "spmd" in sections:
+        tables.append(spmd.table(results["spmd"]))
+    if "generate" in sections:
+        tables.append("(l) " + generate.table(results["generate"]))
     print("\n\n".join(tables) + "\n", flush=True)
     print(f"wrote {args.json} ({results['meta']['wall_s']:.0f} s)")
     return results
