@@ -118,6 +118,11 @@ def enable() -> None:
         )
     _state["enabled"] = True
     devices.set_spmd(True)
+    # here, not at the top: parallel/dtensor.py imports this module, and torch.distributed.tensor (which it
+    # loads) costs an import only SPMD runs need
+    from lazyxla.parallel import dtensor
+
+    dtensor.install()  # DTensors on lazyxla meshes hold global tensors (docs/architecture.md, "DTensor")
 
 
 def is_enabled() -> bool:
