@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from lazyxla import torch_private
-from lazyxla.device import devices, meshes, processes
+from lazyxla.device import devices, processes
 from lazyxla.lazy.tensor import LazyTensor, unwrap
 from lazyxla.parallel import spmd
 from lazyxla.parallel.process_group import done
@@ -337,3 +337,6 @@ def install() -> None:
         }
     )
     _installed["done"] = True
+
+
+spmd.on_enable(install)  # torch.distributed.tensor is loaded then, only by runs that use SPMD mode
