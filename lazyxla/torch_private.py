@@ -518,6 +518,76 @@ def dtensor_spec(mesh, placements: tuple, shape: torch.Size, stride: tuple, dtyp
     return DTensorSpec(mesh=mesh, placements=placements, tensor_meta=meta)
 
 
+def name_python_group(pg, name: str, device_types: list[str]) -> None:
+    """Name a Python ``ProcessGroup`` as torch.distributed names the groups it wraps (it skips Python ones).
+
+    A group's name is kept by its backends, and a Python group has none: each of ``device_types`` gets PyTorch's
+    fake backend (no communication; the group's own Python methods are what its callers reach), which holds it.
+    """
+    fake = _C._distributed_c10d.FakeProcessGroup._create_internal(pg.rank(), pg.size())
+    for device_type in device_types:
+        pg._register_backend(torch.device(device_type), _C._distributed_c10d.ProcessGroup.BackendType.CUSTOM, fake)
+    pg._set_group_name(name)
+
+
+def root_mesh(mesh):
+    """The ``DeviceMesh`` ``mesh`` was sliced from (``mesh`` itself for a mesh made whole)."""
+    return mesh._get_root_mesh()
+
+
+# The places where DTensor turns a global tensor into one rank's part, or a rank's part into the global
+# tensor's metadata (parallel/dtensor.py gives each a global-view version for SPMD-mode meshes):
+# (module, owner attribute path, kind) for each; kind says how the replacement is bound.
+_DTENSOR_CONVERSIONS = {
+    # distribute_tensor: split a tensor for a Shard placement, replicate it, make it Partial
+    "make_shard_tensor": ("torch.distributed.tensor.placement_types", "Shard._make_shard_tensor", "classmethod"),
+    "make_replicate_tensor": (
+        "torch.distributed.tensor.placement_types",
+        "Replicate._make_replicate_tensor",
+        "classmethod",
+    ),
+    "partition_value": ("torch.distributed.tensor.placement_types", "Partial._partition_value", "method"),
+    # redistribute() and an op's implicit redistribution of its inputs (two modules bind the function)
+    "redistribute_local_tensor": ("torch.distributed.tensor._redistribute", "redistribute_local_tensor", "global"),
+    # an op's shape arguments (view, reshape, new_empty, ...) rewritten from the global shape to a rank's part
+    "adjust_shape_and_stride_args": (
+        "torch.distributed.tensor._sharding_prop",
+        "ShardingPropagator._adjust_shape_and_stride_args",
+        "method",
+    ),
+    # from_local: the global shape from a rank's part
+    "compute_global_tensor_info": ("torch.distributed.tensor._api", "compute_global_tensor_info", "global"),
+    # DeviceMesh: join (or start) the world's process group and select this rank's device
+    "setup_world_group_and_device": (
+        "torch.distributed.device_mesh",
+        "DeviceMesh._setup_world_group_and_device",
+        "method",
+    ),
+}
+# modules that bind redistribute_local_tensor by name (from ... import), each replaced too
+_ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch",)}
+
+
+def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]]) -> None:
+    """Replace each of DTensor's conversions named in ``_DTENSOR_CONVERSIONS`` with ``makers[name](original)``
+    (the original is passed bound, for class methods; plain, for methods and functions).
+
+    Example::
+
+        replace_dtensor_conversions({"partition_value": lambda original: my_partition_value})
+    """
+    for name, make in makers.items():
+        module_name, path, kind = _DTENSOR_CONVERSIONS[name]
+        owner = importlib.import_module(module_name)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        new = make(getattr(owner, attr))
+        setattr(owner, attr, classmethod(new) if kind == "classmethod" else new)
+        for other in _ALSO_BOUND.get(name, ()):
+            setattr(importlib.import_module(other), attr, new)
+
+
 # ---- serialization, copying and storages (frontend/storage.py) ---------------------------------------------
 #
 # A lazyxla tensor is a functionalization wrapper: PyTorch says it has a storage (functionalization's, with no

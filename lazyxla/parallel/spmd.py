@@ -39,6 +39,17 @@ from lazyxla.observe.diagnostics import user_frame
 from lazyxla.ops import ops
 
 _state: dict[str, Any] = {"enabled": False, "global_mesh": None}
+_on_enable: list = []  # called by enable(), after the mode is on (modules above this one add to it)
+
+
+def on_enable(hook) -> None:
+    """Call ``hook()`` when SPMD mode is turned on (``parallel/dtensor.py`` installs its DTensor conversions so).
+
+    Example::
+
+        on_enable(lambda: print("SPMD on"))
+    """
+    _on_enable.append(hook)
 
 
 def device_count() -> int:
@@ -118,6 +129,8 @@ def enable() -> None:
         )
     _state["enabled"] = True
     devices.set_spmd(True)
+    for hook in _on_enable:  # parallel/dtensor.py: DTensors on lazyxla meshes hold global tensors
+        hook()
 
 
 def is_enabled() -> bool:

@@ -1,0 +1,342 @@
+"""DTensor in SPMD mode: a DTensor's placements are the XLA layout of one global tensor.
+
+In SPMD mode (``lazyxla.spmd.enable()``) one process drives every device, so PyTorch's "one rank per device"
+does not hold. This module makes PyTorch's own ``init_device_mesh("lazyxla", ...)``, ``distribute_tensor``,
+DTensor ops, ``redistribute`` and ``full_tensor`` run in that model without per-device Python:
+
+- **The world**: a ``DeviceMesh`` of device type ``lazyxla`` made when no process group exists gets one made
+  for it (:class:`SpmdWorld`, backend ``"lazyxla_spmd"``): one rank per global device, this process being rank
+  "its first device" (0 in a single process). It stands for every rank at once; its collectives keep the
+  global view below (an all-reduce or broadcast of a global value is that value), and the ones that move
+  per-rank parts (all-gather, reduce-scatter, scatter, all-to-all) raise, naming the path that ran per rank.
+- **The global view**: a DTensor's local tensor (``to_local()``) is the whole global tensor, laid out over the
+  mesh's devices as its placements say (``Shard(d)`` on mesh dimension ``i``: tensor dimension ``d`` split over
+  mesh axis ``i``; ``Replicate`` and ``Partial``: not split). DTensor's sharding propagation still computes
+  every output's placements and global metadata; the op itself runs once, on the global tensors, recorded
+  into the step's graph, and XLA's partitioner (with the layouts as inputs and constraints) splits it.
+  A ``Partial`` value is held reduced: reducing it is free, and making one (``Replicate -> Partial``) keeps
+  the value.
+- **The conversions**: where DTensor turns a global tensor into a rank's part or back, this module puts a
+  layout instead (``torch_private.replace_dtensor_conversions`` names each place): ``distribute_tensor``'s
+  per-placement split/replicate/partition, ``redistribute``'s (and an op's implicit) redistribution,
+  ``from_local``'s global shape, and the global-to-local rewrite of view and factory ops' shape arguments.
+  Each checks the mesh and leaves every other mesh (CPU, CUDA, the multi-process ``lazyxla`` backend) alone.
+
+Example::
+
+    lazyxla.spmd.enable()
+    mesh = init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))
+    w = distribute_tensor(torch.randn(16, 32), mesh, [Replicate(), Shard(1)])   # columns over "tp"
+    y = (x @ w).sum()                                # one partitioned program at the sync
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from lazyxla import torch_private
+from lazyxla.device import devices, processes
+from lazyxla.lazy.tensor import LazyTensor, unwrap
+from lazyxla.parallel import spmd
+from lazyxla.parallel.process_group import done
+
+BACKEND = "lazyxla_spmd"
+_installed = {"done": False}
+
+
+def is_global(mesh) -> bool:
+    """Whether ``mesh`` (a ``DeviceMesh``) is one whose DTensors hold global tensors: a ``lazyxla`` mesh in SPMD
+    mode.
+
+    Example::
+
+        assert is_global(init_device_mesh("lazyxla", (8,)))
+    """
+    return mesh is not None and mesh.device_type == devices.torch_name() and spmd.is_enabled()
+
+
+# --- the world -------------------------------------------------------------------------------------
+
+
+class SpmdWorld(ProcessGroup):
+    """The process group of a process that stands for several ranks (SPMD mode): one rank per device.
+
+    Under the global view every rank holds the same (global) value, so a reduction or a broadcast returns its
+    input; a collective that moves per-rank parts cannot be expressed that way and raises.
+    """
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def size(self) -> int:
+        return self._size
+
+    def allreduce(self, tensors, opts=None):
+        # the sum over ranks of a value every rank holds whole is that value, under the global view
+        return done(list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return done(list(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        return done(list(tensors))
+
+    def barrier(self, opts=None):
+        return done([])
+
+    def _per_rank(self, what: str):
+        raise NotImplementedError(
+            f"a {what} ran on the SPMD world (lazyxla.spmd.enable()): there the process stands for every rank and "
+            "a DTensor holds its global tensor, so per-rank parts do not exist. The code that called it works on "
+            "a rank's part; use DTensor operations (redistribute, full_tensor), or run one process per device "
+            "(lazyxla.spawn / torchrun with init_process_group('lazyxla')) for it"
+        )
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        self._per_rank("all_gather")
+
+    def _allgather_base(self, output, x, opts=None):
+        self._per_rank("all_gather_into_tensor")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._per_rank("all_gather_into_tensor")
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        self._per_rank("reduce_scatter")
+
+    def _reduce_scatter_base(self, output, x, opts=None):
+        self._per_rank("reduce_scatter_tensor")
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._per_rank("reduce_scatter_tensor")
+
+    def alltoall_base(self, output, x, output_split_sizes, input_split_sizes, opts=None):
+        self._per_rank("all_to_all")
+
+    def scatter(self, outputs, input_lists, opts=None):
+        self._per_rank("scatter")
+
+    def gather(self, output_lists, inputs, opts=None):
+        self._per_rank("gather")
+
+
+def _create(common, backend_options) -> SpmdWorld:
+    pg = SpmdWorld(common.group_rank, common.group_size)
+    # torch.distributed names only the groups it wraps, and a group's name lives in its backends: a Python group
+    # that DeviceMesh and the functional collectives find by name needs one (it does no communication)
+    torch_private.name_python_group(pg, common.group_id, [devices.torch_name(), "cpu"])
+    return pg
+
+
+def _ensure_world() -> None:
+    """Make the SPMD world the default process group, unless one exists."""
+    if dist.is_initialized():
+        return
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=[devices.torch_name(), "cpu"])
+    # this process is the rank of its first device: ranks of a mesh are global device positions
+    first = len(devices.local_devices()) * processes.global_ordinal()
+    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=first, world_size=spmd.device_count())
+
+
+# --- placements as layouts ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _lazyxla_mesh(ids: tuple[int, ...], shape: tuple[int, ...], names: tuple[str, ...]) -> spmd.Mesh:
+    return spmd.Mesh(ids, shape, names)
+
+
+def _axis_names(root) -> tuple[str, ...]:
+    names = root.mesh_dim_names
+    return tuple(names) if names else tuple(f"dim{i}" for i in range(root.ndim))
+
+
+def mesh_of(mesh) -> tuple[spmd.Mesh, tuple[str, ...]]:
+    """The lazyxla mesh a ``DeviceMesh`` stands for (its root mesh's, made once), and the axis name of each of
+    ``mesh``'s dimensions on it (a sub-mesh's dimensions are some of its root's; others are replicated over).
+
+    Example::
+
+        m, axes = mesh_of(init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))["tp"])   # axes == ("tp",)
+    """
+    root = torch_private.root_mesh(mesh)
+    names = _axis_names(root)
+    m = _lazyxla_mesh(tuple(root.mesh.reshape(-1).tolist()), tuple(root.mesh.shape), names)
+    if root is mesh:
+        return m, names
+    if not mesh.mesh_dim_names or not set(mesh.mesh_dim_names) <= set(names):
+        raise NotImplementedError(
+            f"DTensor in SPMD mode: the sub-mesh {mesh} is not named by its root's dimensions {names}; slice "
+            "meshes by their names (mesh['tp']); flattened meshes are not supported yet"
+        )
+    return m, tuple(mesh.mesh_dim_names)
+
+
+def spec_of(mesh, placements: Sequence, ndim: int) -> tuple[spmd.Mesh, tuple]:
+    """The lazyxla mesh and partition spec of a tensor of ``ndim`` dimensions placed as ``placements`` on
+    ``mesh``: ``Shard(d)`` on mesh dimension ``i`` puts axis ``i`` on tensor dimension ``d`` (several on one
+    dimension split it over their product, outer mesh dimension first, as DTensor does); ``Replicate`` and
+    ``Partial`` put none.
+
+    Example::
+
+        spec_of(mesh_2x4, [Replicate(), Shard(1)], 2)     # (lazyxla mesh, (None, "tp"))
+    """
+    m, axes = mesh_of(mesh)
+    entries: list[list[str]] = [[] for _ in range(ndim)]
+    for axis, p in zip(axes, placements):
+        if p.is_shard():
+            if type(p).__name__ != "Shard":  # _StridedShard: an order of splits a partition spec cannot say
+                raise NotImplementedError(f"DTensor in SPMD mode: placement {p} is not supported yet")
+            entries[p.dim % ndim].append(axis)
+    return m, tuple(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries)
+
+
+def laid_out(t: torch.Tensor, m: spmd.Mesh, spec: tuple) -> torch.Tensor:
+    """A new tensor holding ``t``'s value laid out over ``m`` as ``spec`` (``t`` keeps its own layout): its buffer
+    re-laid out now if computed, else a sharding constraint in the graph. The result is a bare ``LazyTensor``, not
+    the functionalization wrapper users hold: DTensor runs its local ops below the dispatch keys it passed
+    (functionalization among them), where a wrapper's op would reach the device with unwrapped arguments.
+
+    Example::
+
+        w8 = laid_out(w, mesh, ("fsdp", None))
+    """
+    lt = unwrap(t)
+    out = LazyTensor(lt._value, lt._aval)
+    if all(e is None for e in spec) and not spmd.is_annotated(out):
+        return out  # a plain device tensor is replicated already
+    return spmd.mark_sharding(out, m, spec)
+
+
+def _current_spec(t: torch.Tensor, m: spmd.Mesh) -> list:
+    """``t``'s partition spec over ``m`` as a list (all None when it is laid out otherwise)."""
+    got = spmd.get_sharding(t)
+    if got is None or got[0] is not m:
+        return [None] * t.dim()
+    return list(got[1])
+
+
+def _with_axis(spec: list, axis: str, dim: int | None) -> tuple:
+    """``spec`` with mesh axis ``axis`` taken off every dimension and, if ``dim`` is given, put last on it."""
+    out = []
+    for d, entry in enumerate(spec):
+        names = [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+        names = [n for n in names if n != axis] + ([axis] if d == dim else [])
+        out.append(None if not names else names[0] if len(names) == 1 else tuple(names))
+    return tuple(out)
+
+
+# --- the conversions DTensor makes, for global meshes ----------------------------------------------
+
+
+def _make_shard_tensor(original: Callable) -> Callable:
+    def make_shard_tensor(cls, dim, tensor, mesh, mesh_dim, src_data_rank=0, *args, **kwargs):
+        if not is_global(mesh):
+            return original(dim, tensor, mesh, mesh_dim, src_data_rank, *args, **kwargs)
+        m, axes = mesh_of(mesh)
+        return laid_out(tensor, m, _with_axis(_current_spec(tensor, m), axes[mesh_dim], dim))
+
+    return make_shard_tensor
+
+
+def _make_replicate_tensor(original: Callable) -> Callable:
+    def make_replicate_tensor(cls, tensor, mesh, mesh_dim, src_data_rank=0, *args, **kwargs):
+        if not is_global(mesh):
+            return original(tensor, mesh, mesh_dim, src_data_rank, *args, **kwargs)
+        m, axes = mesh_of(mesh)
+        spec = _current_spec(tensor, m)
+        return laid_out(tensor, m, _with_axis(spec, axes[mesh_dim], None))
+
+    return make_replicate_tensor
+
+
+def _partition_value(original: Callable) -> Callable:
+    def partition_value(self, tensor, mesh, mesh_dim, *args, **kwargs):
+        if not is_global(mesh):
+            return original(self, tensor, mesh, mesh_dim, *args, **kwargs)
+        return tensor  # a Partial is held reduced: making one keeps the value
+
+    return partition_value
+
+
+def _redistribute_local_tensor(original: Callable) -> Callable:
+    def redistribute_local_tensor(local_tensor, current_spec, target_spec, *args, **kwargs):
+        if not is_global(current_spec.mesh):
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        if current_spec.mesh != target_spec.mesh:
+            raise NotImplementedError("DTensor in SPMD mode: redistributing to another device mesh")
+        m, spec = spec_of(target_spec.mesh, target_spec.placements, local_tensor.dim())
+        return laid_out(local_tensor, m, spec)
+
+    return redistribute_local_tensor
+
+
+def _adjust_shape_and_stride_args(original: Callable) -> Callable:
+    def adjust_shape_and_stride_args(self, out_tensor_meta, schema, spec):
+        if not is_global(spec.mesh):
+            return original(self, out_tensor_meta, schema, spec)
+        return schema  # the op runs on the global tensor: its shape arguments stay global
+
+    return adjust_shape_and_stride_args
+
+
+def _compute_global_tensor_info(original: Callable) -> Callable:
+    def compute_global_tensor_info(tensor, mesh, placements):
+        if not is_global(mesh):
+            return original(tensor, mesh, placements)
+        return list(tensor.shape), list(tensor.stride())  # from_local is given the global tensor
+
+    return compute_global_tensor_info
+
+
+def _setup_world_group_and_device(original: Callable) -> Callable:
+    def setup_world_group_and_device(self):
+        if not is_global(self):
+            return original(self)
+        _ensure_world()
+        world = dist.get_world_size()
+        if self.size() > world:
+            raise RuntimeError(
+                f"init_device_mesh: a mesh of {self.size()} devices, but the run has {world} "
+                "(lazyxla.spmd.device_count())"
+            )
+        return None  # one device stands for all: nothing to select
+
+    return setup_world_group_and_device
+
+
+def install() -> None:
+    """Make DTensors on ``lazyxla`` meshes hold global tensors in SPMD mode (``lazyxla.spmd.enable()`` calls it).
+
+    Example::
+
+        lazyxla.parallel.dtensor.install()
+    """
+    if _installed["done"]:
+        return
+    torch_private.replace_dtensor_conversions(
+        {
+            "make_shard_tensor": _make_shard_tensor,
+            "make_replicate_tensor": _make_replicate_tensor,
+            "partition_value": _partition_value,
+            "redistribute_local_tensor": _redistribute_local_tensor,
+            "adjust_shape_and_stride_args": _adjust_shape_and_stride_args,
+            "compute_global_tensor_info": _compute_global_tensor_info,
+            "setup_world_group_and_device": _setup_world_group_and_device,
+        }
+    )
+    _installed["done"] = True
+
+
+spmd.on_enable(install)  # torch.distributed.tensor is loaded then, only by runs that use SPMD mode

@@ -1,0 +1,62 @@
+"""DTensor in SPMD mode: one process drives 8 fake CPU devices; a DTensor's placements are the layout of one global
+tensor, and a step over DTensors is one partitioned program (docs/architecture.md, "DTensor").
+
+The case runs in a fresh process (``lazyxla.spawn(cpu_devices=8)``) and compares against CPU eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import lazyxla
+from tests import dtensor_spmd_workers as W
+
+
+@pytest.fixture(scope="module")
+def run():
+    (out,) = lazyxla.spawn(W.basics, nprocs=1, cpu_devices=8, timeout_s=280)
+    return out
+
+
+def test_a_lazyxla_mesh_spans_every_device_of_the_one_process(run):
+    assert run["flat_size"] == 8
+    assert run["mesh_shape"] == ((2, 4), ("dp", "tp"), 4)
+
+
+def test_placements_are_the_layout_of_the_global_tensor(run):
+    assert run["flat_layouts"] == (("dim0", None), None)  # Shard(0) on an unnamed mesh; Replicate
+    assert run["local_shape"] == (16, 8)  # to_local() is the whole tensor
+    assert run["layouts"] == {"x": ("dp", None), "w1": (None, "tp"), "w2": ("tp", None)}
+    assert run["submesh_layout"] == (None, "tp")  # on mesh["tp"]: replicated over "dp"
+
+
+def test_ops_redistribute_and_full_tensor_equal_cpu(run):
+    placements, diff = run["matmul"]
+    assert str(placements) == "(Shard(dim=0),)" and diff < 1e-5
+    placements, got, want = run["sum"]
+    assert str(placements) == "(Partial(sum),)" and abs(got - want) < 1e-4 * abs(want)
+    placements, layout, diff = run["redistributed"]
+    assert str(placements) == "(Shard(dim=1),)" and layout == (None, "dim0") and diff == 0.0
+    placements, shape, diff = run["view"]  # a view's shape argument stays global
+    assert str(placements) == "(Shard(dim=0),)" and shape == (8, 16) and diff == 0.0
+
+
+def test_the_step_is_one_program_whose_inputs_carry_the_placements(run):
+    text = run["stablehlo"]
+    assert 'sdy.mesh @mesh = <["dp"=2, "tp"=4]>' in text
+    main = next(line for line in text.splitlines() if "func.func public @main" in line)
+    assert main.count("sdy.sharding = ") == 3, main  # x, w1, w2: one program over the global tensors
+    assert '[{"dp"}, {}]' in main and '[{}, {"tp"}]' in main and '[{"tp"}, {}]' in main, main
+
+
+def test_backward_and_training_equal_cpu_and_compile_nothing_after_step_two(run):
+    got, want = run["loss"]
+    assert abs(got - want) < 1e-5
+    assert run["grads"] < 1e-5
+    assert [str(p) for p in run["grad_placements"]] == ["(Partial(sum), Shard(dim=1))", "(Partial(sum), Shard(dim=0))"]
+    for got, want in zip(run["losses"], run["ref_losses"]):
+        assert abs(got - want) < 1e-5
+    assert run["params"] < 1e-5
+    assert run["param_layouts"] == ((None, "tp"), ("tp", None))  # the update keeps the parameters' layouts
+    compiles = run["compiles"]  # before the loop, then after each step
+    assert compiles[2:] == [compiles[2]] * (len(compiles) - 2), compiles
