@@ -530,13 +530,17 @@ def name_python_group(pg, name: str, device_types: list[str]) -> None:
     pg._set_group_name(name)
 
 
+# an in-place write autograd does not count (saved tensors keep their version): FSDP2 refills parameters so
+preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
+
+
 def root_mesh(mesh):
     """The ``DeviceMesh`` ``mesh`` was sliced from (``mesh`` itself for a mesh made whole)."""
     return mesh._get_root_mesh()
 
 
-# The places where DTensor turns a global tensor into one rank's part, or a rank's part into the global
-# tensor's metadata (parallel/dtensor.py gives each a global-view version for SPMD-mode meshes):
+# The places where DTensor (and FSDP2 over it) turns a global tensor into one rank's part, or a rank's part into
+# the global tensor's metadata (parallel/dtensor.py gives each a global-view version for SPMD-mode meshes):
 # (module, owner attribute path, kind) for each; kind says how the replacement is bound.
 _DTENSOR_CONVERSIONS = {
     # distribute_tensor: split a tensor for a Shard placement, replicate it, make it Partial
@@ -563,6 +567,25 @@ _DTENSOR_CONVERSIONS = {
         "DeviceMesh._setup_world_group_and_device",
         "method",
     ),
+    # FSDP2 (fully_shard): the shard group's size and this process's rank in it (FSDPMeshInfo's), a parameter's
+    # (or gradient's) shard made a DTensor, and the shard a parameter's all-gather starts from
+    "fsdp_mesh_info": ("torch.distributed.fsdp._fully_shard._fsdp_common", "FSDPMeshInfo.__post_init__", "method"),
+    "fsdp_to_sharded_dtensor": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam.to_sharded_dtensor",
+        "method",
+    ),
+    # FSDP2: "free" an all-gather output (resize its storage to 0) after the forward or backward
+    "fsdp_free_unsharded_param": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam.free_unsharded_param",
+        "method",
+    ),
+    "fsdp_all_gather_inputs": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam.all_gather_inputs",
+        "property",
+    ),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
 _ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch",)}
@@ -570,7 +593,7 @@ _ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch
 
 def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]]) -> None:
     """Replace each of DTensor's conversions named in ``_DTENSOR_CONVERSIONS`` with ``makers[name](original)``
-    (the original is passed bound, for class methods; plain, for methods and functions).
+    (the original is passed bound, for class methods; plain, for methods and functions; its getter, for properties).
 
     Example::
 
@@ -582,8 +605,9 @@ def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]
         *outer, attr = path.split(".")
         for part in outer:
             owner = getattr(owner, part)
-        new = make(getattr(owner, attr))
-        setattr(owner, attr, classmethod(new) if kind == "classmethod" else new)
+        original = vars(owner)[attr].fget if kind == "property" else getattr(owner, attr)
+        new = make(original)
+        setattr(owner, attr, classmethod(new) if kind == "classmethod" else property(new) if kind == "property" else new)
         for other in _ALSO_BOUND.get(name, ()):
             setattr(importlib.import_module(other), attr, new)
 

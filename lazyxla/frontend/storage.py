@@ -361,7 +361,8 @@ def _noting_owner(untyped_storage):
     @functools.wraps(untyped_storage)
     def noted(self):
         storage = untyped_storage(self)
-        if _is_lazyxla(self):
+        # a bare LazyTensor (a DTensor's local tensor in SPMD mode) has no functionalization storage to note
+        if _is_lazyxla(self) and torch_private.is_functional(self):
             note_storage_owner(self, storage)
         return storage
 

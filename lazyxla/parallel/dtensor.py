@@ -32,8 +32,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +44,7 @@ from torch.distributed import ProcessGroup
 from lazyxla import torch_private
 from lazyxla.device import devices, processes
 from lazyxla.lazy.tensor import LazyTensor, unwrap
+from lazyxla.ops import ops
 from lazyxla.parallel import spmd
 from lazyxla.parallel.process_group import done
 
@@ -316,6 +319,167 @@ def _setup_world_group_and_device(original: Callable) -> Callable:
     return setup_world_group_and_device
 
 
+# --- FSDP2 (fully_shard) on a global mesh ----------------------------------------------------------------
+#
+# FSDP2 cuts each parameter into ``world size`` chunks, keeps this rank's, and all-gathers (forward) and
+# reduce-scatters (backward) per rank. Under the global view the process holds every rank's part at once, so
+# FSDP's own arithmetic is that of a world of one: the shard group is one rank (FSDP's world-size-1 paths: no
+# chunking, the all-gather and reduce-scatter are copies, no gradient division, which the global loss does not
+# need), while the parameter's DTensor keeps the mesh and ``Shard(0)``, so its (whole) local tensor is laid out
+# over the mesh's devices. The all-gather is a "replicated" sharding constraint on that local tensor, the
+# reduce-scatter the ``Shard(0)`` layout of the gradient: XLA's partitioner turns both into its collectives.
+
+
+class _OneRank(SpmdWorld):
+    """The shard group FSDP2 sees on a global mesh: one rank, this process, which holds every device's part."""
+
+
+def _fsdp_mesh_info(original: Callable) -> Callable:
+    def post_init(self) -> None:
+        original(self)
+        if not is_global(self.mesh):
+            return
+        self.shard_mesh_size, self.shard_mesh_rank, self.shard_process_group = 1, 0, _OneRank(0, 1)
+        if hasattr(self, "replicate_process_group"):  # HSDP: the replicas are one global tensor too
+            self.replicate_mesh_size, self.replicate_mesh_rank, self.replicate_process_group = 1, 0, _OneRank(0, 1)
+
+    return post_init
+
+
+def _fsdp_to_sharded_dtensor(original: Callable) -> Callable:
+    def to_sharded_dtensor(self, tensor: torch.Tensor):
+        mesh = self._sharding_spec.mesh
+        if not is_global(mesh):
+            return original(self, tensor)
+        # the parameter (or its reduced gradient) whole, laid out as FSDP's placements say: the reduce-scatter
+        m, spec = spec_of(mesh, self._sharding_spec.placements, tensor.dim())
+        return original(self, laid_out(tensor, m, spec))
+
+    return to_sharded_dtensor
+
+
+def _fsdp_all_gather_inputs(original: Callable) -> Callable:
+    def all_gather_inputs(self) -> list[torch.Tensor]:
+        mesh = self._sharding_spec.mesh
+        local = self._sharded_local_tensor
+        if not is_global(mesh) or self.sharded_state.name != "SHARDED" or hasattr(local, "fsdp_pre_all_gather"):
+            return original(self)
+        # FSDP's flat shard buffer aliases the local tensor only through a view, which a bare LazyTensor (what a
+        # DTensor holds here) does not keep: the all-gather starts from the DTensor's local tensor, constrained
+        # to be replicated (XLA all-gathers it inside the step's program)
+        m, _ = mesh_of(mesh)
+        gathered = ops.shard(LazyTensor(local._value, local._aval), m.key, json.dumps([None] * local.dim()))
+        if self.param_dtype is not None:
+            gathered = gathered.to(self.param_dtype)
+        return [gathered.reshape(-1)]
+
+    return all_gather_inputs
+
+
+def _fsdp_free_unsharded_param(original: Callable) -> Callable:
+    def free_unsharded_param(self) -> None:
+        mesh = self._sharding_spec.mesh
+        if not is_global(mesh) or self._unsharded_inner_tensors:
+            return original(self)
+        # A lazy tensor's storage cannot be resized (FSDP frees it so); what freeing means here is that the
+        # gathered (replicated) value is not kept: the all-gather output is given the parameter's value again, so
+        # a sync holds it laid out as the parameter (1/N per device), and the next all-gather overwrites it.
+        # Autograd's saved copies of the unsharded parameter are views of it: the write must not bump their
+        # version (FSDP's all-gather copy-out does the same).
+        m, spec = spec_of(mesh, self._sharding_spec.placements, self._sharded_local_tensor.dim())
+        local = self._sharded_local_tensor
+        for out in self.all_gather_outputs:
+            flat = ops.shard(local.reshape(-1).to(out.dtype), m.key, json.dumps([spec[0]]))
+            with torch.no_grad(), torch_private.preserve_version_counter(out):
+                out.copy_(flat)
+
+    return free_unsharded_param
+
+
+# FSDP2's copies into its flat communication buffers are custom ops that write their ``out`` argument, which
+# functionalization (every lazyxla tensor is a functionalization wrapper) refuses; as the same copy written with
+# ATen ops they are functionalized as any other write.
+_fsdp_library: list[torch.library.Library] = []
+
+
+def _chunk_cat(tensors, dim: int, num_chunks: int, out: torch.Tensor) -> None:
+    out.copy_(torch._chunk_cat(tensors, dim, num_chunks))
+
+
+def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim: int = 0, *, out) -> None:
+    for target, part in zip(out, torch.split(all_gather_output, all_gather_input_split_sizes, dim=dim)):
+        target.copy_(part)
+
+
+def _functionalize_fsdp_ops() -> None:
+    # (the ops are defined by FSDP2's modules, which replace_dtensor_conversions loaded)
+    lib = torch.library.Library("fsdp", "IMPL")
+    lib.impl("chunk_cat", _chunk_cat, "Functionalize")
+    lib.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
+    _fsdp_library.append(lib)
+
+
+def _ensure_stream_api() -> None:
+    """FSDP2 orders its copies and collectives with the device module's streams and events. Where the device module
+    has none (``torch.lazyxla`` gets them with the device module's own streams), give it ones that only order:
+    every op is recorded in program order, so each wait is satisfied already."""
+    module = torch.get_device_module(devices.torch_name())
+    if hasattr(module, "Stream"):
+        return
+    module.Stream, module.Event = _Stream, _Event
+    module.current_stream = module.default_stream = lambda device=None: _DEFAULT_STREAM
+    module.stream = _use_stream
+
+
+class _Event:
+    """An event on a lazy device: recorded work is in program order, so it is always complete when waited on."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, stream=None) -> _Event:
+        return self
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Stream:
+    """A stream on a lazy device: an ordering, not concurrency (all work is one program, in program order)."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.priority = priority
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> _Event:
+        return event if event is not None else _Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+@contextlib.contextmanager
+def _use_stream(stream) -> Iterator[None]:
+    yield  # one program order for every stream
+
+
 def install() -> None:
     """Make DTensors on ``lazyxla`` meshes hold global tensors in SPMD mode (``lazyxla.spmd.enable()`` calls it).
 
@@ -334,8 +498,14 @@ def install() -> None:
             "adjust_shape_and_stride_args": _adjust_shape_and_stride_args,
             "compute_global_tensor_info": _compute_global_tensor_info,
             "setup_world_group_and_device": _setup_world_group_and_device,
+            "fsdp_mesh_info": _fsdp_mesh_info,
+            "fsdp_to_sharded_dtensor": _fsdp_to_sharded_dtensor,
+            "fsdp_all_gather_inputs": _fsdp_all_gather_inputs,
+            "fsdp_free_unsharded_param": _fsdp_free_unsharded_param,
         }
     )
+    _ensure_stream_api()
+    _functionalize_fsdp_ops()
     _installed["done"] = True
 
 
