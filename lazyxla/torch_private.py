@@ -607,7 +607,8 @@ def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]
             owner = getattr(owner, part)
         original = vars(owner)[attr].fget if kind == "property" else getattr(owner, attr)
         new = make(original)
-        setattr(owner, attr, classmethod(new) if kind == "classmethod" else property(new) if kind == "property" else new)
+        bound = {"classmethod": classmethod, "property": property}.get(kind)
+        setattr(owner, attr, bound(new) if bound else new)
         for other in _ALSO_BOUND.get(name, ()):
             setattr(importlib.import_module(other), attr, new)
 

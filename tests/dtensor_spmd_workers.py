@@ -95,3 +95,121 @@ def basics(rank: int) -> dict:
     )
     out["param_layouts"] = (_layout(w1), _layout(w2))
     return out
+
+
+def _tiny_llama():
+    """A tiny random LlamaForCausalLM (nothing downloaded), on the CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def _fsdp_step(model, opt, ids):
+    """One AdamW step of a causal LM on ``ids``; returns the loss (not read)."""
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+class _MixedPrecisionReference:
+    """CPU eager of FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32)``: fp32 parameters and
+    AdamW, the forward and backward on a bf16 copy of them, gradients made fp32."""
+
+    def __init__(self, model, lr: float) -> None:
+        import copy
+
+        self.master, self.low = model, copy.deepcopy(model).to(torch.bfloat16)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+
+    def step(self, ids) -> float:
+        with torch.no_grad():
+            for lo, hi in zip(self.low.parameters(), self.master.parameters()):
+                lo.copy_(hi)
+        loss = self.low(input_ids=ids, labels=ids).loss
+        loss.backward()
+        for lo, hi in zip(self.low.parameters(), self.master.parameters()):
+            hi.grad, lo.grad = lo.grad.float(), None
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss.item()
+
+
+def fsdp_llama(rank: int, reshard_after_forward: bool = True, mixed: bool = False) -> dict:
+    """FSDP2 (``fully_shard`` per decoder layer and at the root) on a (8,) lazyxla mesh in SPMD mode: 4 AdamW
+    (foreach) steps of a tiny Llama, against the same steps in CPU eager; parameter layouts, per-device parts,
+    compiles and programs per step. ``mixed``: bf16 parameters in the step, fp32 gradient reduction."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    ref = _tiny_llama()
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    mesh = init_device_mesh("lazyxla", (8,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    kwargs["mp_policy"] = policy or MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    lr = 1e-3 if mixed else 1e-2
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    if mixed:
+        ref_step = _MixedPrecisionReference(ref, lr).step
+    else:
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, foreach=True)
+        ref_step = lambda ids: _fsdp_step(ref, ref_opt, ids).item()  # noqa: E731
+    torch.manual_seed(1)
+    batches = [torch.randint(0, 64, (8, 16)) for _ in range(STEPS)]
+
+    out: dict = {}
+    lazyxla.sync()
+    losses, compiles, executions = [], [], []
+    for ids in batches:
+        before = lazyxla.metrics.counters()
+        losses.append(_fsdp_step(model, opt, ids.to(lazyxla.device())))
+        lazyxla.sync()
+        after = lazyxla.metrics.counters()
+        compiles.append(after["compiles"] - before["compiles"])
+        executions.append(after["executions"] - before["executions"])
+    ref_losses = [ref_step(ids) for ids in batches]
+    out["losses"], out["ref_losses"] = [v.cpu().item() for v in losses], ref_losses
+    out["compiles"], out["executions"] = compiles, executions
+    names = [n for n, _ in ref.named_parameters()]
+    params = dict(model.named_parameters())
+    out["param_types"] = sorted({type(p).__name__ for p in params.values()})
+    out["layouts"] = {n: _layout(params[n]) for n in names}
+    out["placements"] = sorted({str(p.placements) for p in params.values()})
+    ref_params = dict(ref.named_parameters())
+    out["param_diffs"] = {n: (params[n].full_tensor().cpu() - ref_params[n].detach()).abs().max().item() for n in names}
+    state = opt.state[params[names[0]]]
+    out["exp_avg_layout"] = _layout(state["exp_avg"])
+    # per device: the fraction of each parameter's elements its buffer holds
+    shards = {n: lazyxla.spmd.local_shards(params[n]._local_tensor) for n in names}
+    out["fractions"] = {n: sorted({s.data.numel() / params[n].numel() for s in parts}) for n, parts in shards.items()}
+    out["shard_devices"] = sorted({len(parts) for parts in shards.values()})
+    # the all-gather outputs between steps (FSDP frees them): held laid out as the parameter, not replicated
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in (*model.model.layers, model)]
+    gathered = [o for g in groups for fp in g.fsdp_params for o in fp.all_gather_outputs]
+    out["gathered"] = (
+        len(gathered),
+        sorted({s.data.numel() / o.numel() for o in gathered for s in lazyxla.spmd.local_shards(o)}),
+        sorted({str(o.dtype) for o in gathered}),
+    )
+    return out
