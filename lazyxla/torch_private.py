@@ -534,6 +534,20 @@ def name_python_group(pg, name: str, device_types: list[str]) -> None:
 preserve_version_counter = torch.autograd._unsafe_preserve_version_counter
 
 
+# FSDP2's reduce-scatter copy-in (each gradient cut in world-size chunks, chunk i of each laid side by side)
+chunk_cat = torch._chunk_cat
+
+
+def fsdp_param_parts(fsdp_param) -> tuple:
+    """FSDP2's ``FSDPParam``: the mesh and placements of its sharded parameter, that DTensor's local tensor, and
+    whether an all-gather extension (``fsdp_pre_all_gather``) made its unsharded tensors (None and False while
+    ``FSDPParam.__init__`` makes the sharded parameter)."""
+    spec = fsdp_param._sharding_spec
+    sharded = getattr(fsdp_param, "sharded_param", None)
+    local = None if sharded is None else sharded._local_tensor
+    return spec.mesh, spec.placements, local, bool(getattr(fsdp_param, "_unsharded_inner_tensors", ()))
+
+
 def root_mesh(mesh):
     """The ``DeviceMesh`` ``mesh`` was sliced from (``mesh`` itself for a mesh made whole)."""
     return mesh._get_root_mesh()

@@ -348,11 +348,11 @@ def _fsdp_mesh_info(original: Callable) -> Callable:
 
 def _fsdp_to_sharded_dtensor(original: Callable) -> Callable:
     def to_sharded_dtensor(self, tensor: torch.Tensor):
-        mesh = self._sharding_spec.mesh
+        mesh, placements, _, _ = torch_private.fsdp_param_parts(self)
         if not is_global(mesh):
             return original(self, tensor)
         # the parameter (or its reduced gradient) whole, laid out as FSDP's placements say: the reduce-scatter
-        m, spec = spec_of(mesh, self._sharding_spec.placements, tensor.dim())
+        m, spec = spec_of(mesh, placements, tensor.dim())
         return original(self, laid_out(tensor, m, spec))
 
     return to_sharded_dtensor
@@ -360,8 +360,7 @@ def _fsdp_to_sharded_dtensor(original: Callable) -> Callable:
 
 def _fsdp_all_gather_inputs(original: Callable) -> Callable:
     def all_gather_inputs(self) -> list[torch.Tensor]:
-        mesh = self._sharding_spec.mesh
-        local = self._sharded_local_tensor
+        mesh, _, local, _ = torch_private.fsdp_param_parts(self)
         if not is_global(mesh) or self.sharded_state.name != "SHARDED" or hasattr(local, "fsdp_pre_all_gather"):
             return original(self)
         # FSDP's flat shard buffer aliases the local tensor only through a view, which a bare LazyTensor (what a
@@ -378,16 +377,15 @@ def _fsdp_all_gather_inputs(original: Callable) -> Callable:
 
 def _fsdp_free_unsharded_param(original: Callable) -> Callable:
     def free_unsharded_param(self) -> None:
-        mesh = self._sharding_spec.mesh
-        if not is_global(mesh) or self._unsharded_inner_tensors:
+        mesh, placements, local, extended = torch_private.fsdp_param_parts(self)
+        if not is_global(mesh) or extended:
             return original(self)
         # A lazy tensor's storage cannot be resized (FSDP frees it so); what freeing means here is that the
         # gathered (replicated) value is not kept: the all-gather output is given the parameter's value again, so
         # a sync holds it laid out as the parameter (1/N per device), and the next all-gather overwrites it.
         # Autograd's saved copies of the unsharded parameter are views of it: the write must not bump their
         # version (FSDP's all-gather copy-out does the same).
-        m, spec = spec_of(mesh, self._sharding_spec.placements, self._sharded_local_tensor.dim())
-        local = self._sharded_local_tensor
+        m, spec = spec_of(mesh, placements, local.dim())
         for out in self.all_gather_outputs:
             flat = ops.shard(local.reshape(-1).to(out.dtype), m.key, json.dumps([spec[0]]))
             with torch.no_grad(), torch_private.preserve_version_counter(out):
@@ -403,7 +401,7 @@ _fsdp_library: list[torch.library.Library] = []
 
 
 def _chunk_cat(tensors, dim: int, num_chunks: int, out: torch.Tensor) -> None:
-    out.copy_(torch._chunk_cat(tensors, dim, num_chunks))
+    out.copy_(torch_private.chunk_cat(tensors, dim, num_chunks))
 
 
 def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim: int = 0, *, out) -> None:
