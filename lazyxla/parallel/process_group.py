@@ -76,9 +76,27 @@ class LazyxlaProcessGroup(ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._host_calls = 0
+        self._name, self._desc = "", ""
 
     def getBackendName(self) -> str:
         return "lazyxla"
+
+    # PyTorch keeps a group's name and description on its backends (C++), and a process group written in Python
+    # has none, so its own getters raise "ProcessGroup name not set" (DeviceMesh reads ``group_name``): this
+    # group keeps them itself.
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     def size(self) -> int:
         return self._size
