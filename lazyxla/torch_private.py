@@ -506,6 +506,12 @@ def aot_autograd(**kwargs) -> Callable:
 # ---- torch.distributed ---------------------------------------------------------------------------------
 
 
+def resolve_process_group(group_name: str):
+    """The process group named ``group_name`` (functional collectives name their group). Read at the call: a torch
+    built without distributed has no such module."""
+    return _C._distributed_c10d._resolve_process_group(group_name)
+
+
 def work_from_future(future) -> object:
     """A completed ``torch.distributed`` ``Work`` for a ``torch.futures.Future`` (the lazyxla process group's
     collectives return one). Read at the call: a torch built without distributed has no such module."""

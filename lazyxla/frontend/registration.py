@@ -23,16 +23,18 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.device import devices
-from lazyxla.frontend import inplace_checks
+from lazyxla.frontend import inplace_checks, streams
 
 _done = False
 
 
 class _BackendModule:
     """``torch.lazyxla`` (``torch.xla`` where the device is named ``xla``): what PyTorch asks of a device module
-    (seeding, RNG state, counts, availability).
+    (seeding, RNG state, counts, availability, the current device, streams and events, memory queries).
 
-    One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
+    Streams and events order work and run nothing concurrently: every op is recorded in program order, so a wait
+    between streams is always satisfied (``lazyxla.frontend.streams`` says what each call does); FSDP2, DTensor
+    and ``torch.distributed.checkpoint`` run their stream code unchanged on it. One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
     per-device calls (``get_rng_state(device)``, ``manual_seed_all``) all read or set that stream.
     PyTorch's own helpers rely on these: ``torch.random.fork_rng(device_type="lazyxla")`` and
     ``torch.utils.checkpoint`` (which replays dropout with the state saved in the forward).
@@ -47,9 +49,25 @@ class _BackendModule:
 
     _initialized = True  # torch.utils.checkpoint saves the RNG state only of initialized device modules
 
+    # streams and events (an ordering, not concurrency: lazyxla.frontend.streams), and memory queries
+    Stream = streams.Stream
+    Event = streams.Event
+    stream = staticmethod(streams.stream)
+    current_stream = staticmethod(streams.current_stream)
+    default_stream = staticmethod(streams.default_stream)
+    set_stream = staticmethod(streams.set_stream)
+    memory_allocated = staticmethod(streams.memory_allocated)
+    max_memory_allocated = staticmethod(streams.max_memory_allocated)
+    memory_reserved = staticmethod(streams.memory_reserved)
+    mem_get_info = staticmethod(streams.mem_get_info)
+    reset_peak_memory_stats = staticmethod(streams.reset_peak_memory_stats)
+    empty_cache = staticmethod(streams.empty_cache)
+
     def __init__(self, rng, synchronize: Callable[[], None]) -> None:
         self._rng = rng
         self._wait = synchronize
+        self._device = 0
+        streams.Stream._synchronize = staticmethod(synchronize)
 
     def is_available(self) -> bool:
         return True
@@ -64,7 +82,13 @@ class _BackendModule:
         return len(devices.local_devices())
 
     def current_device(self) -> int:
-        return 0
+        """The index ``set_device`` chose (0 unless it was called): what device-generic code places work on."""
+        return self._device
+
+    def set_device(self, device) -> None:
+        """Choose the current device (an index, ``"lazyxla:1"`` or a torch.device); checks that it exists."""
+        self._check_index(device)
+        self._device = (torch.device(device).index or 0) if isinstance(device, (str, torch.device)) else int(device)
 
     @contextlib.contextmanager
     def device(self, index):
