@@ -34,7 +34,9 @@ class _BackendModule:
 
     Streams and events order work and run nothing concurrently: every op is recorded in program order, so a wait
     between streams is always satisfied (``lazyxla.frontend.streams`` says what each call does); FSDP2, DTensor
-    and ``torch.distributed.checkpoint`` run their stream code unchanged on it. One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
+    and ``torch.distributed.checkpoint`` run their stream code unchanged on it.
+
+    One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
     per-device calls (``get_rng_state(device)``, ``manual_seed_all``) all read or set that stream.
     PyTorch's own helpers rely on these: ``torch.random.fork_rng(device_type="lazyxla")`` and
     ``torch.utils.checkpoint`` (which replays dropout with the state saved in the forward).

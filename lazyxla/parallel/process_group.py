@@ -408,6 +408,11 @@ def _shard_dim_alltoall(x, gather_dim: int, shard_dim: int, group_name: str):
     return pieces[pg.rank()].contiguous() if pg.rank() < len(pieces) else whole.narrow(shard_dim, 0, 0)
 
 
+def _same_value(x):
+    """``wait_tensor``: the value (computed with the step); a new tensor, as the op's schema promises."""
+    return x.clone()
+
+
 def _funcol_handlers() -> dict:
     funcol = torch.ops._c10d_functional
     return {
@@ -421,7 +426,7 @@ def _funcol_handlers() -> dict:
         ),
         funcol.all_to_all_single.default: _funcol_all_to_all,
         funcol.broadcast.default: _funcol_broadcast,
-        funcol.wait_tensor.default: lambda x: x,
+        funcol.wait_tensor.default: _same_value,
     }
 
 
@@ -450,5 +455,7 @@ def register() -> None:
     """
     SPECIAL.update(_funcol_handlers())
     SPECIAL_BY_NAME["_dtensor.shard_dim_alltoall.default"] = _shard_dim_alltoall
+    # (funcol's _wrap_tensor_autograd still runs on the CPU: recorded as the value, the two-replica DTensor test
+    # hung in its step's program; not yet understood)
     if "lazyxla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("lazyxla", _create, devices=[devices.torch_name()])
