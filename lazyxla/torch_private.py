@@ -63,6 +63,21 @@ ExcludeDispatchKeyGuard = _C._ExcludeDispatchKeyGuard
 # per op (device kernels, autocast): whether this call runs below functionalization (inside lazyxla's own
 # dispatch or a decomposition there), where kernels take and return bare LazyTensors and autocast never casts
 below_functionalization = functools.partial(_C._dispatch_tls_is_dispatch_key_excluded, DispatchKey.Functionalize)
+
+
+@contextlib.contextmanager
+def functionalization_restored() -> Iterator[None]:
+    """Inside: the Functionalize key is no longer excluded (the rest of the dispatcher's thread-local state is
+    kept). A tensor subclass's ``__torch_dispatch__`` runs with every key above Python excluded, Functionalize
+    too, so the ops it calls on lazyxla tensors (functionalization wrappers) would skip their unwrapping."""
+    include = _C._dispatch_tls_local_include_set()
+    exclude = _C._dispatch_tls_local_exclude_set().remove(DispatchKey.Functionalize)
+    with _C._ForceDispatchKeyGuard(include, exclude):
+        yield
+
+
+# every registered op name with its overload ("aten::mm", "aten::add.Tensor"): the ops lazyxla relays
+all_op_names = _C._dispatch_get_all_op_names
 # lift_fresh: whether functionalization's mode is on (it wraps the lifted tensor itself)
 functionalization_included = functools.partial(_C._dispatch_tls_is_dispatch_key_included, DispatchKey.Functionalize)
 # every aten schema: lazyxla registers an AutogradPrivateUse1 kernel for each out= overload
@@ -489,6 +504,12 @@ def aot_autograd(**kwargs) -> Callable:
 
 
 # ---- torch.distributed ---------------------------------------------------------------------------------
+
+
+def resolve_process_group(group_name: str):
+    """The process group named ``group_name`` (functional collectives name their group). Read at the call: a torch
+    built without distributed has no such module."""
+    return _C._distributed_c10d._resolve_process_group(group_name)
 
 
 def work_from_future(future) -> object:

@@ -487,3 +487,62 @@ def cached_training(rank: int, folder: str) -> dict:
         "compiles": counters.get("compiles", 0),
         "warnings": [str(w.message) for w in caught if "cache" in str(w.message)],
     }
+
+
+def dtensor_problem():
+    """CPU tensors the DTensor tests distribute (the same in every rank): a, b, embedding ids and table."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(6, 4, generator=g)
+    return a, b, torch.tensor([[1, 5, 2], [0, 7, 7]]), torch.randn(8, 4, generator=g)
+
+
+def dtensor_ops(rank: int) -> dict:
+    """DTensor on a 1-D lazyxla DeviceMesh over the replicas: placements, redistributions and ops;
+    CPU copies of the results, the host exchanges the process group made meanwhile, and compiles per step."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    a, b, ids, table = dtensor_problem()
+    out = {"mesh": mesh.mesh.tolist(), "device_type": mesh.device_type}
+    host_calls = dist.group.WORLD._host_calls
+
+    def step():
+        A = distribute_tensor(a.to(dev), mesh, [Shard(0)])
+        B = distribute_tensor(b.to(dev), mesh, [Replicate()])
+        P = DTensor.from_local(torch.full((2, 4), float(rank + 1)).to(dev), mesh, [Partial()])
+        got = {
+            "A local": A.to_local(),
+            "matmul": (A @ B).full_tensor(),
+            "elementwise": (A * 2 + A.sin()).full_tensor(),
+            "sum": A.sum().full_tensor(),
+            "sum dim 0": A.sum(0).full_tensor(),
+            "shard->replicate": A.redistribute(mesh, [Replicate()]).to_local(),
+            "replicate->shard(1)": B.redistribute(mesh, [Shard(1)]).to_local(),
+            "partial->replicate": P.redistribute(mesh, [Replicate()]).to_local(),
+            "partial->shard(0)": P.redistribute(mesh, [Shard(0)]).to_local(),
+            "shard(0)->shard(1)": A.redistribute(mesh, [Shard(1)]).to_local(),
+            "embedding": F.embedding(
+                distribute_tensor(ids.to(dev), mesh, [Shard(0)]), distribute_tensor(table.to(dev), mesh, [Replicate()])
+            ).full_tensor(),
+        }
+        got["local types"] = sorted({type(A.to_local()).__name__, type(B.to_local()).__name__})
+        lazyxla.sync()
+        return got
+
+    compiles = []
+    for _ in range(3):
+        got = step()
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out.update({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in got.items()})
+    out["host exchanges"] = dist.group.WORLD._host_calls - host_calls
+    out["compiles"] = compiles
+    dist.destroy_process_group()
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 import warnings
 import weakref
@@ -22,14 +23,18 @@ import torch
 
 from lazyxla import torch_private
 from lazyxla.device import devices
-from lazyxla.frontend import inplace_checks
+from lazyxla.frontend import inplace_checks, streams
 
 _done = False
 
 
 class _BackendModule:
     """``torch.lazyxla`` (``torch.xla`` where the device is named ``xla``): what PyTorch asks of a device module
-    (seeding, RNG state, counts, availability).
+    (seeding, RNG state, counts, availability, the current device, streams and events, memory queries).
+
+    Streams and events order work and run nothing concurrently: every op is recorded in program order, so a wait
+    between streams is always satisfied (``lazyxla.frontend.streams`` says what each call does); FSDP2, DTensor
+    and ``torch.distributed.checkpoint`` run their stream code unchanged on it.
 
     One RNG stream (a seed and a counter) serves every lazyxla device of the process, so the
     per-device calls (``get_rng_state(device)``, ``manual_seed_all``) all read or set that stream.
@@ -46,9 +51,25 @@ class _BackendModule:
 
     _initialized = True  # torch.utils.checkpoint saves the RNG state only of initialized device modules
 
+    # streams and events (an ordering, not concurrency: lazyxla.frontend.streams), and memory queries
+    Stream = streams.Stream
+    Event = streams.Event
+    stream = staticmethod(streams.stream)
+    current_stream = staticmethod(streams.current_stream)
+    default_stream = staticmethod(streams.default_stream)
+    set_stream = staticmethod(streams.set_stream)
+    memory_allocated = staticmethod(streams.memory_allocated)
+    max_memory_allocated = staticmethod(streams.max_memory_allocated)
+    memory_reserved = staticmethod(streams.memory_reserved)
+    mem_get_info = staticmethod(streams.mem_get_info)
+    reset_peak_memory_stats = staticmethod(streams.reset_peak_memory_stats)
+    empty_cache = staticmethod(streams.empty_cache)
+
     def __init__(self, rng, synchronize: Callable[[], None]) -> None:
         self._rng = rng
         self._wait = synchronize
+        self._device = 0
+        streams.Stream._synchronize = staticmethod(synchronize)
 
     def is_available(self) -> bool:
         return True
@@ -63,7 +84,13 @@ class _BackendModule:
         return len(devices.local_devices())
 
     def current_device(self) -> int:
-        return 0
+        """The index ``set_device`` chose (0 unless it was called): what device-generic code places work on."""
+        return self._device
+
+    def set_device(self, device) -> None:
+        """Choose the current device (an index, ``"lazyxla:1"`` or a torch.device); checks that it exists."""
+        self._check_index(device)
+        self._device = (torch.device(device).index or 0) if isinstance(device, (str, torch.device)) else int(device)
 
     @contextlib.contextmanager
     def device(self, index):
@@ -231,6 +258,124 @@ def _install_backward_error_relay() -> None:
     torch_private.wrap_engine_run_backward(_raising_parked_errors)
 
 
+# ---- ops a tensor subclass runs on lazyxla tensors ----
+#
+# A wrapper subclass whose ``__torch_dispatch__`` holds lazyxla tensors inside (DTensor's local shards; any
+# subclass that keeps a device tensor) calls ops on them with every dispatch key above Python excluded, as PyTorch
+# runs every ``__torch_dispatch__``: Functionalize too. A lazyxla user tensor is a functionalization wrapper, so
+# such an op skipped the wrapper's unwrapping and reached the PrivateUse1 key with wrappers: PyTorch's composite
+# kernel of ``mm`` then made its output with ``empty`` (a bare LazyTensor) and called ``mm.out`` on the wrappers,
+# which lazyxla refused with a device mismatch naming ``lazyxla:0`` twice (a wrapper and a bare tensor). Every
+# op that reaches PrivateUse1 with a wrapper while Functionalize is excluded is therefore run again with
+# Functionalize restored (``relayed``): the wrapper unwraps, lazyxla records the op, and the result is a wrapper
+# again. The composite ops get a PrivateUse1 kernel that does this (and calls PyTorch's composite kernel
+# otherwise); lazyxla's own kernels and fallback check it first.
+
+_relaying = False  # inside a relayed op: a wrapper that reaches PrivateUse1 there is lazyxla's own business
+
+
+def _holds_wrapper(args, kwargs) -> bool:
+    for x in itertools.chain(args, kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            if torch_private.is_functional(x):
+                return True
+        elif isinstance(x, (list, tuple)) and _holds_wrapper(x, {}):
+            return True
+    return False
+
+
+def needs_relay(args, kwargs) -> bool:
+    """Whether an op that reached the PrivateUse1 key with these arguments comes from a tensor subclass's
+    ``__torch_dispatch__`` (Functionalize excluded, a functionalization wrapper among them): ``relayed`` runs it."""
+    return not _relaying and torch_private.below_functionalization() and _holds_wrapper(args, kwargs)
+
+
+def relayed(op, args, kwargs):
+    """``op(*args, **kwargs)`` with Functionalize restored (see the note above).
+
+    Example: inside DTensor's dispatch, ``relayed(aten.mm.default, (a_local, b_local), {})`` is the wrapper of
+    ``a_local @ b_local``, as outside it."""
+    global _relaying
+    _relaying = True
+    try:
+        with torch_private.functionalization_restored():
+            return op(*args, **kwargs)
+    finally:
+        _relaying = False
+
+
+def _relaying_kernel(op, kernel: Callable) -> Callable:
+    """``kernel`` (lazyxla's, at PrivateUse1), after the relay check."""
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        if needs_relay(args, kwargs):
+            return relayed(op, args, kwargs)
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+def _relaying_fallback(fallback: Callable) -> Callable:
+    @functools.wraps(fallback)
+    def run(op, *args, **kwargs):
+        if needs_relay(args, kwargs):
+            return relayed(op, args, kwargs)
+        return fallback(op, *args, **kwargs)
+
+    return run
+
+
+def _composite_relay(name: str) -> Callable:
+    """The PrivateUse1 kernel of a composite op: relayed from a subclass, else PyTorch's composite kernel."""
+    composite = torch_private.computed_kernel(name, "PrivateUse1")
+    op = None
+
+    def run(keyset, *args, **kwargs):
+        nonlocal op
+        if needs_relay(args, kwargs):
+            if op is None:
+                op = _op_overload(name)
+            return relayed(op, args, kwargs)
+        return composite.call_boxed(keyset, *args, **kwargs)
+
+    return run
+
+
+def _op_overload(name: str):
+    """``torch.ops.<ns>.<op>.<overload>`` for ``"ns::op.overload"`` (or ``"ns::op"``: its default overload)."""
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+
+
+_EXPLICIT = ("CompositeExplicitAutogradNonFunctional", "CompositeExplicitAutograd")
+
+
+def _relayed_composites() -> list[str]:
+    """The ops whose PrivateUse1 entry is PyTorch's explicit composite kernel. CompositeImplicitAutograd ops are
+    left alone: a PrivateUse1 kernel would stop their decomposition above autograd, and a subclass receives them
+    decomposed."""
+    return [
+        name
+        for name in torch_private.all_op_names()
+        if not torch_private.has_kernel(name, "PrivateUse1")
+        and not torch_private.has_kernel(name, "CompositeImplicitAutograd")
+        and any(torch_private.has_kernel(name, key) for key in _EXPLICIT)
+    ]
+
+
+_relay_libraries: dict[str, torch.library.Library] = {}
+
+
+def _install_subclass_relay() -> None:
+    for name in _relayed_composites():
+        namespace, _, op = name.partition("::")
+        if namespace not in _relay_libraries:
+            _relay_libraries[namespace] = torch.library.Library(namespace, "IMPL")
+        _relay_libraries[namespace].impl(op, _composite_relay(name), "PrivateUse1", with_keyset=True)
+
+
 # ---- pinned host memory and torch.accelerator ----
 #
 # With lazyxla registered, PyTorch reports it as the current accelerator (torch.accelerator), so
@@ -345,9 +490,10 @@ def register(
     _install_accelerator_queries()
     inplace_checks.install()
     for op, fn in kernels.items():
-        torch.library.impl(op, "privateuseone")(fn)
+        torch.library.impl(op, "privateuseone")(_relaying_kernel(_op_overload(op), fn))
     _library = torch.library.Library("_", "IMPL")
-    _library.fallback(fallback, "PrivateUse1")
+    _library.fallback(_relaying_fallback(fallback), "PrivateUse1")
+    _install_subclass_relay()  # after lazyxla's own kernels: the ops left to PyTorch's composite kernels
     _autograd_library = torch.library.Library("aten", "IMPL")
     for op, fn in autograd_kernels.items():
         _autograd_library.impl(op, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))

@@ -32,7 +32,7 @@ from lazyxla.lazy.decompose import (
 )
 from lazyxla.lazy.known import FOLDABLE_SPECIAL, NOT_FOLDED, fold
 from lazyxla.lazy.meta import DeviceMismatch, NoMeta, check_before_decomposing, leaves, record, scalar_args
-from lazyxla.lazy.special import SPECIAL
+from lazyxla.lazy.special import SPECIAL, SPECIAL_BY_NAME
 from lazyxla.lazy.tensor import LazyTensor, set_dispatch
 from lazyxla.lowering.registry import RULES
 from lazyxla.lowering.rules.foreach import GROUPS
@@ -45,7 +45,7 @@ DEVICE_KERNEL_OPS: set = set()
 def status_of(func) -> str:
     """How lazyxla runs ``func``: 'rule', 'special', 'kernel', 'decomposition', 'functionalized' or
     'fallback'."""
-    if func in SPECIAL:
+    if func in SPECIAL or str(func) in SPECIAL_BY_NAME:
         return "special"
     if func in DEVICE_KERNEL_OPS:
         return "kernel"
@@ -103,7 +103,7 @@ _routes = Memo("lazyxla.lazy.record._routes", limit=20_000)
 
 
 def _route(func) -> Route:
-    special = SPECIAL.get(func)
+    special = SPECIAL.get(func) or (SPECIAL_BY_NAME.get(str(func)) if SPECIAL_BY_NAME else None)
     # a foreach group (lowering/rules/foreach.py) has a rule, but is recorded by lazy.decompose.foreach, which makes
     # its equal Python numbers one input each (and lazy/known.py computes its elements one by one)
     rule = func in RULES and func not in GROUPS

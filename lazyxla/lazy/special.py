@@ -485,3 +485,7 @@ SPECIAL = {
 SPECIAL.update({func: _random_bounds_checked(func) for func in _RANDOM_BOUNDS})
 
 SPECIAL_OPS = frozenset(SPECIAL)
+
+# Handlers of ops a library defines only when it is imported (``"_dtensor.shard_dim_alltoall.default"``, from
+# torch.distributed.tensor, slow to import): keyed by the op's name, found when the op is first dispatched.
+SPECIAL_BY_NAME: dict[str, object] = {}
