@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import itertools
 import os
 import warnings
 import weakref
@@ -24,6 +23,7 @@ import torch
 from lazyxla import torch_private
 from lazyxla.device import devices
 from lazyxla.frontend import inplace_checks, streams
+from lazyxla.lazy import subclass_relay
 
 _done = False
 
@@ -258,124 +258,6 @@ def _install_backward_error_relay() -> None:
     torch_private.wrap_engine_run_backward(_raising_parked_errors)
 
 
-# ---- ops a tensor subclass runs on lazyxla tensors ----
-#
-# A wrapper subclass whose ``__torch_dispatch__`` holds lazyxla tensors inside (DTensor's local shards; any
-# subclass that keeps a device tensor) calls ops on them with every dispatch key above Python excluded, as PyTorch
-# runs every ``__torch_dispatch__``: Functionalize too. A lazyxla user tensor is a functionalization wrapper, so
-# such an op skipped the wrapper's unwrapping and reached the PrivateUse1 key with wrappers: PyTorch's composite
-# kernel of ``mm`` then made its output with ``empty`` (a bare LazyTensor) and called ``mm.out`` on the wrappers,
-# which lazyxla refused with a device mismatch naming ``lazyxla:0`` twice (a wrapper and a bare tensor). Every
-# op that reaches PrivateUse1 with a wrapper while Functionalize is excluded is therefore run again with
-# Functionalize restored (``relayed``): the wrapper unwraps, lazyxla records the op, and the result is a wrapper
-# again. The composite ops get a PrivateUse1 kernel that does this (and calls PyTorch's composite kernel
-# otherwise); lazyxla's own kernels and fallback check it first.
-
-_relaying = False  # inside a relayed op: a wrapper that reaches PrivateUse1 there is lazyxla's own business
-
-
-def _holds_wrapper(args, kwargs) -> bool:
-    for x in itertools.chain(args, kwargs.values()):
-        if isinstance(x, torch.Tensor):
-            if torch_private.is_functional(x):
-                return True
-        elif isinstance(x, (list, tuple)) and _holds_wrapper(x, {}):
-            return True
-    return False
-
-
-def needs_relay(args, kwargs) -> bool:
-    """Whether an op that reached the PrivateUse1 key with these arguments comes from a tensor subclass's
-    ``__torch_dispatch__`` (Functionalize excluded, a functionalization wrapper among them): ``relayed`` runs it."""
-    return not _relaying and torch_private.below_functionalization() and _holds_wrapper(args, kwargs)
-
-
-def relayed(op, args, kwargs):
-    """``op(*args, **kwargs)`` with Functionalize restored (see the note above).
-
-    Example: inside DTensor's dispatch, ``relayed(aten.mm.default, (a_local, b_local), {})`` is the wrapper of
-    ``a_local @ b_local``, as outside it."""
-    global _relaying
-    _relaying = True
-    try:
-        with torch_private.functionalization_restored():
-            return op(*args, **kwargs)
-    finally:
-        _relaying = False
-
-
-def _relaying_kernel(op, kernel: Callable) -> Callable:
-    """``kernel`` (lazyxla's, at PrivateUse1), after the relay check."""
-
-    @functools.wraps(kernel)
-    def run(*args, **kwargs):
-        if needs_relay(args, kwargs):
-            return relayed(op, args, kwargs)
-        return kernel(*args, **kwargs)
-
-    return run
-
-
-def _relaying_fallback(fallback: Callable) -> Callable:
-    @functools.wraps(fallback)
-    def run(op, *args, **kwargs):
-        if needs_relay(args, kwargs):
-            return relayed(op, args, kwargs)
-        return fallback(op, *args, **kwargs)
-
-    return run
-
-
-def _composite_relay(name: str) -> Callable:
-    """The PrivateUse1 kernel of a composite op: relayed from a subclass, else PyTorch's composite kernel."""
-    composite = torch_private.computed_kernel(name, "PrivateUse1")
-    op = None
-
-    def run(keyset, *args, **kwargs):
-        nonlocal op
-        if needs_relay(args, kwargs):
-            if op is None:
-                op = _op_overload(name)
-            return relayed(op, args, kwargs)
-        return composite.call_boxed(keyset, *args, **kwargs)
-
-    return run
-
-
-def _op_overload(name: str):
-    """``torch.ops.<ns>.<op>.<overload>`` for ``"ns::op.overload"`` (or ``"ns::op"``: its default overload)."""
-    namespace, _, rest = name.partition("::")
-    op, _, overload = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
-
-
-_EXPLICIT = ("CompositeExplicitAutogradNonFunctional", "CompositeExplicitAutograd")
-
-
-def _relayed_composites() -> list[str]:
-    """The ops whose PrivateUse1 entry is PyTorch's explicit composite kernel. CompositeImplicitAutograd ops are
-    left alone: a PrivateUse1 kernel would stop their decomposition above autograd, and a subclass receives them
-    decomposed."""
-    return [
-        name
-        for name in torch_private.all_op_names()
-        if not torch_private.has_kernel(name, "PrivateUse1")
-        and not torch_private.has_kernel(name, "CompositeImplicitAutograd")
-        and any(torch_private.has_kernel(name, key) for key in _EXPLICIT)
-    ]
-
-
-_relay_libraries: dict[str, torch.library.Library] = {}
-
-
-def _install_subclass_relay() -> None:
-    for name in _relayed_composites():
-        namespace, _, op = name.partition("::")
-        if namespace not in _relay_libraries:
-            _relay_libraries[namespace] = torch.library.Library(namespace, "IMPL")
-        _relay_libraries[namespace].impl(op, _composite_relay(name), "PrivateUse1", with_keyset=True)
-
-
 # ---- pinned host memory and torch.accelerator ----
 #
 # With lazyxla registered, PyTorch reports it as the current accelerator (torch.accelerator), so
@@ -490,10 +372,9 @@ def register(
     _install_accelerator_queries()
     inplace_checks.install()
     for op, fn in kernels.items():
-        torch.library.impl(op, "privateuseone")(_relaying_kernel(_op_overload(op), fn))
+        torch.library.impl(op, "privateuseone")(subclass_relay.kernel(op, fn))
     _library = torch.library.Library("_", "IMPL")
-    _library.fallback(_relaying_fallback(fallback), "PrivateUse1")
-    _install_subclass_relay()  # after lazyxla's own kernels: the ops left to PyTorch's composite kernels
+    _library.fallback(subclass_relay.fallback(fallback), "PrivateUse1")
     _autograd_library = torch.library.Library("aten", "IMPL")
     for op, fn in autograd_kernels.items():
         _autograd_library.impl(op, fn, "AutogradPrivateUse1", with_keyset=getattr(fn, "with_keyset", False))

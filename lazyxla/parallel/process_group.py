@@ -22,6 +22,7 @@ from torch.distributed import ProcessGroup
 from lazyxla import torch_private
 from lazyxla.device import devices, processes, wire
 from lazyxla.ir import Leaf, leaf
+from lazyxla.lazy import subclass_relay
 from lazyxla.lazy.graph import sync, sync_tensors
 from lazyxla.lazy.special import SPECIAL, SPECIAL_BY_NAME
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
@@ -442,6 +443,7 @@ def check_world(rank: int, size: int, backend: str) -> None:
 
 def _create(store, rank: int, size: int, timeout) -> LazyxlaProcessGroup:
     check_world(rank, size, "lazyxla")
+    subclass_relay.arm()  # (DTensor's local ops on lazyxla tensors, in this execution model: lazy/subclass_relay.py)
     return LazyxlaProcessGroup(rank, size)
 
 
