@@ -596,6 +596,10 @@ _DTENSOR_CONVERSIONS = {
     ),
     # from_local: the global shape from a rank's part
     "compute_global_tensor_info": ("torch.distributed.tensor._api", "compute_global_tensor_info", "global"),
+    # from_local / to_local (and from_local's gradient): a user's tensor made a DTensor's local tensor, and back
+    "from_local_forward": ("torch.distributed.tensor._api", "_FromTorchTensor.forward", "staticmethod"),
+    "from_local_backward": ("torch.distributed.tensor._api", "_FromTorchTensor.backward", "staticmethod"),
+    "to_local_forward": ("torch.distributed.tensor._api", "_ToTorchTensor.forward", "staticmethod"),
     # DeviceMesh: join (or start) the world's process group and select this rank's device
     "setup_world_group_and_device": (
         "torch.distributed.device_mesh",
@@ -623,7 +627,7 @@ _DTENSOR_CONVERSIONS = {
     ),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
-_ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch",)}
+_ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch", "torch.distributed.tensor._api")}
 
 
 def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]]) -> None:
@@ -642,7 +646,7 @@ def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]
             owner = getattr(owner, part)
         original = vars(owner)[attr].fget if kind == "property" else getattr(owner, attr)
         new = make(original)
-        bound = {"classmethod": classmethod, "property": property}.get(kind)
+        bound = {"classmethod": classmethod, "property": property, "staticmethod": staticmethod}.get(kind)
         setattr(owner, attr, bound(new) if bound else new)
         for other in _ALSO_BOUND.get(name, ()):
             setattr(importlib.import_module(other), attr, new)

@@ -19,7 +19,9 @@ DTensor ops, ``redistribute`` and ``full_tensor`` run in that model without per-
 - **The conversions**: where DTensor turns a global tensor into a rank's part or back, this module puts a
   layout instead (``torch_private.replace_dtensor_conversions`` names each place): ``distribute_tensor``'s
   per-placement split/replicate/partition, ``redistribute``'s (and an op's implicit) redistribution,
-  ``from_local``'s global shape, and the global-to-local rewrite of view and factory ops' shape arguments.
+  ``from_local``'s global shape and tensor (the user's tensor is the global value, laid out as the placements
+  say; ``to_local()`` hands back a user's tensor holding it), and the global-to-local rewrite of view and factory
+  ops' shape arguments. So ``parallelize_module``'s styles (column/row-wise, sequence parallel) run unchanged.
   Each checks the mesh and leaves every other mesh (CPU, CUDA, the multi-process ``lazyxla`` backend) alone.
 
 Example::
@@ -43,7 +45,7 @@ from torch.distributed import ProcessGroup
 
 from lazyxla import torch_private
 from lazyxla.device import devices, processes
-from lazyxla.lazy.tensor import LazyTensor, unwrap
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.ops import ops
 from lazyxla.parallel import spmd
 from lazyxla.parallel.process_group import done
@@ -319,6 +321,54 @@ def _setup_world_group_and_device(original: Callable) -> Callable:
     return setup_world_group_and_device
 
 
+# --- from_local / to_local: between the user's tensors and a DTensor's bare local tensor -----------------------
+#
+# A DTensor's local tensor is a bare LazyTensor (DTensor's local ops run with functionalization excluded); the
+# user's tensors are functionalization wrappers. ``from_local`` (and so the gradient of ``to_local``, which
+# PyTorch makes a DTensor by ``from_local``) takes the global value out of the wrapper and lays it out as the
+# placements say; ``to_local`` (and the gradient of ``from_local``) hands the user a wrapper, as every other
+# lazyxla tensor the user holds is, so it mixes with the user's own tensors. Each is differentiable, as
+# PyTorch's is: the autograd functions stay PyTorch's, only the tensors crossing them change kind.
+
+
+def _as_user(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's bare local tensor as a user's tensor (a functionalization wrapper around the same value)."""
+    return wrap(t) if isinstance(t, LazyTensor) else t
+
+
+def _from_local_forward(original: Callable) -> Callable:
+    def forward(ctx, input, device_mesh, placements, *args, **kwargs):
+        if not is_global(device_mesh) or input.device.type != devices.torch_name():
+            return original(ctx, input, device_mesh, placements, *args, **kwargs)
+        lt = unwrap(input)
+        out = original(ctx, LazyTensor(lt._value, lt._aval), device_mesh, placements, *args, **kwargs)
+        # the global value, laid out as the placements say (after PyTorch's fresh view of it, which would hide a
+        # layout given to its input)
+        m, partition = spec_of(device_mesh, placements, input.dim())
+        out._local_tensor = laid_out(out._local_tensor, m, partition)
+        return out
+
+    return forward
+
+
+def _from_local_backward(original: Callable) -> Callable:
+    def backward(ctx, grad_output):
+        grads = original(ctx, grad_output)
+        if not is_global(ctx.forward_input_device_mesh):
+            return grads
+        return (_as_user(grads[0]), *grads[1:])  # the gradient of the user's tensor is a user's tensor
+
+    return backward
+
+
+def _to_local_forward(original: Callable) -> Callable:
+    def forward(ctx, input, grad_placements):
+        local = original(ctx, input, grad_placements)
+        return _as_user(local) if is_global(input.device_mesh) else local
+
+    return forward
+
+
 # --- FSDP2 (fully_shard) on a global mesh ----------------------------------------------------------------
 #
 # FSDP2 cuts each parameter into ``world size`` chunks, keeps this rank's, and all-gathers (forward) and
@@ -496,6 +546,9 @@ def install() -> None:
             "adjust_shape_and_stride_args": _adjust_shape_and_stride_args,
             "compute_global_tensor_info": _compute_global_tensor_info,
             "setup_world_group_and_device": _setup_world_group_and_device,
+            "from_local_forward": _from_local_forward,
+            "from_local_backward": _from_local_backward,
+            "to_local_forward": _to_local_forward,
             "fsdp_mesh_info": _fsdp_mesh_info,
             "fsdp_to_sharded_dtensor": _fsdp_to_sharded_dtensor,
             "fsdp_all_gather_inputs": _fsdp_all_gather_inputs,
