@@ -569,6 +569,12 @@ def fsdp_param_parts(fsdp_param) -> tuple:
     return spec.mesh, spec.placements, local, bool(getattr(fsdp_param, "_unsharded_inner_tensors", ()))
 
 
+def fsdp_unsharded_parts(fsdp_param) -> tuple:
+    """FSDP2's ``FSDPParam``: its unsharded parameter (None before the first all-gather), and that parameter's
+    size and contiguous stride."""
+    return getattr(fsdp_param, "_unsharded_param", None), fsdp_param._orig_size, fsdp_param._contiguous_orig_stride
+
+
 def root_mesh(mesh):
     """The ``DeviceMesh`` ``mesh`` was sliced from (``mesh`` itself for a mesh made whole)."""
     return mesh._get_root_mesh()
@@ -612,6 +618,18 @@ _DTENSOR_CONVERSIONS = {
     "fsdp_to_sharded_dtensor": (
         "torch.distributed.fsdp._fully_shard._fsdp_param",
         "FSDPParam.to_sharded_dtensor",
+        "method",
+    ),
+    # FSDP2 over TP parameters: the sharded buffer filled from the TP DTensor's local tensor, and the unsharded
+    # parameter, a DTensor over a view of the all-gather output
+    "fsdp_init_sharded_param": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam._init_sharded_param",
+        "method",
+    ),
+    "fsdp_init_unsharded_param": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam.init_unsharded_param",
         "method",
     ),
     # FSDP2: "free" an all-gather output (resize its storage to 0) after the forward or backward

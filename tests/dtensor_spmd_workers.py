@@ -347,14 +347,29 @@ def tensor_parallel(rank: int, kind: str) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
 
+    return _train_and_measure(model, opt, ref, ref_opt, loss_of, batches)
+
+
+def _train_and_measure(model, opt, ref, ref_opt, loss_of, batches, to_device=None, seq_axis="dim0") -> dict:
+    """Train ``model`` (lazyxla, parallelized) and ``ref`` (CPU eager) on ``batches`` (put on the device by
+    ``to_device``); losses, compiles and programs per step, how many activations the first step's program holds
+    split over the sequence on mesh axis ``seq_axis``, and each parameter's placements, layout, difference and
+    per-device fraction."""
+    import lazyxla
+
+    to_device = to_device or (lambda batch: batch.to(lazyxla.device()))
+
     out: dict = {}
     lazyxla.sync()
     losses, ref_losses, compiles, executions = [], [], [], []
     for batch in batches:
         before = lazyxla.metrics.counters()
-        loss = loss_of(model, batch.to(lazyxla.device()))
+        loss = loss_of(model, to_device(batch))
         if not losses:  # activations laid out as the plan says: (batch, sequence / 8, features) under sequence parallel
-            out["sequence_sharded"] = lazyxla.debug.stablehlo_text([loss]).count('[{}, {"dim0"}, {}]')
+            text = lazyxla.debug.stablehlo_text([loss])
+            sequence = f'{{"{seq_axis}"}}, {{}}]'
+            out["sequence_sharded"] = text.count("[{}, " + sequence) + text.count('[{"dp"}, ' + sequence)
+            out["batch_sharded"] = text.count('[{"dp"}, {}]')
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -417,3 +432,33 @@ def from_local(rank: int) -> dict:
     out["grad_type"] = type(x.grad).__name__
     out["grad"] = (x.grad.cpu() - ref_x.grad).abs().max().item()
     return out
+
+
+def fsdp_tp(rank: int) -> dict:
+    """2-D: ``init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))``, tensor and sequence parallel on
+    "tp" and FSDP2 (``fully_shard`` per block and at the root) on "dp", 4 AdamW (foreach) steps of the tiny
+    torchtitan-style Llama against CPU eager; placements, layouts, per-device fractions, compiles, programs."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    ref = _Llama()
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(STEPS)]
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    mesh = init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], _tp_plan("llama"))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
+    # data parallel: the global batch split over "dp", as the global view says (a rank's part is its rows)
+    to_device = lambda batch: distribute_tensor(batch, mesh["dp"], [Shard(0)]).to_local()  # noqa: E731
+    return _train_and_measure(model, opt, ref, ref_opt, _llama_loss, batches, to_device, seq_axis="tp")

@@ -148,3 +148,23 @@ def test_tensor_parallel_trains_as_cpu_eager_in_one_program_per_step(tp):
     assert all(run["params_close"].values()), run["param_diffs"]
     assert run["executions"] == [1] * 4  # forward, backward and AdamW: one program
     assert run["compiles"][2:] == [0, 0], run["compiles"]
+
+
+def test_fsdp2_over_tensor_parallel_on_a_2d_mesh_trains_as_cpu_eager():
+    (run,) = lazyxla.spawn(W.fsdp_tp, nprocs=1, cpu_devices=8, timeout_s=280)
+    for name, placements in run["placements"].items():  # FSDP2 on "dp" over TP's placements on "tp"
+        layout = run["layouts"][name]
+        if name.endswith(("w2.weight", "wo.weight")):  # rowwise: rows over "dp", columns over "tp"
+            assert placements == "(Shard(dim=0), Shard(dim=1))" and layout == ("dp", "tp"), (name, layout)
+        elif name.endswith("norm.weight"):  # replicated over "tp", FSDP's rows over "dp"
+            assert placements == "(Shard(dim=0), Replicate())" and layout == ("dp",), (name, layout)
+        else:  # colwise (and the embedding's rows): FSDP splits each TP part, "dp" inside "tp"
+            assert placements == "(_StridedShard(dim=0, sf=4), Shard(dim=0))", (name, placements)
+            assert layout == (("tp", "dp"), None), (name, layout)
+        # measured from the device buffers: 1/8 of each weight per device (a norm's 1/2: it is not split over "tp")
+        assert run["fractions"][name] == ([0.5] if layout == ("dp",) else [0.125]), (name, run["fractions"][name])
+    assert run["batch_sharded"] > 0 and run["sequence_sharded"] > 0  # data over "dp", sequence over "tp"
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
+    assert all(run["params_close"].values()), run["param_diffs"]
+    assert run["executions"] == [1] * 4
+    assert run["compiles"][2:] == [0, 0], run["compiles"]
