@@ -569,6 +569,12 @@ def fsdp_param_parts(fsdp_param) -> tuple:
     return spec.mesh, spec.placements, local, bool(getattr(fsdp_param, "_unsharded_inner_tensors", ()))
 
 
+def fsdp_unsharded_parts(fsdp_param) -> tuple:
+    """FSDP2's ``FSDPParam``: its unsharded parameter (None before the first all-gather), and that parameter's
+    size and contiguous stride."""
+    return getattr(fsdp_param, "_unsharded_param", None), fsdp_param._orig_size, fsdp_param._contiguous_orig_stride
+
+
 def root_mesh(mesh):
     """The ``DeviceMesh`` ``mesh`` was sliced from (``mesh`` itself for a mesh made whole)."""
     return mesh._get_root_mesh()
@@ -596,6 +602,10 @@ _DTENSOR_CONVERSIONS = {
     ),
     # from_local: the global shape from a rank's part
     "compute_global_tensor_info": ("torch.distributed.tensor._api", "compute_global_tensor_info", "global"),
+    # from_local / to_local (and from_local's gradient): a user's tensor made a DTensor's local tensor, and back
+    "from_local_forward": ("torch.distributed.tensor._api", "_FromTorchTensor.forward", "staticmethod"),
+    "from_local_backward": ("torch.distributed.tensor._api", "_FromTorchTensor.backward", "staticmethod"),
+    "to_local_forward": ("torch.distributed.tensor._api", "_ToTorchTensor.forward", "staticmethod"),
     # DeviceMesh: join (or start) the world's process group and select this rank's device
     "setup_world_group_and_device": (
         "torch.distributed.device_mesh",
@@ -608,6 +618,18 @@ _DTENSOR_CONVERSIONS = {
     "fsdp_to_sharded_dtensor": (
         "torch.distributed.fsdp._fully_shard._fsdp_param",
         "FSDPParam.to_sharded_dtensor",
+        "method",
+    ),
+    # FSDP2 over TP parameters: the sharded buffer filled from the TP DTensor's local tensor, and the unsharded
+    # parameter, a DTensor over a view of the all-gather output
+    "fsdp_init_sharded_param": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam._init_sharded_param",
+        "method",
+    ),
+    "fsdp_init_unsharded_param": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param",
+        "FSDPParam.init_unsharded_param",
         "method",
     ),
     # FSDP2: "free" an all-gather output (resize its storage to 0) after the forward or backward
@@ -623,7 +645,7 @@ _DTENSOR_CONVERSIONS = {
     ),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
-_ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch",)}
+_ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch", "torch.distributed.tensor._api")}
 
 
 def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]]) -> None:
@@ -642,7 +664,7 @@ def replace_dtensor_conversions(makers: dict[str, Callable[[Callable], Callable]
             owner = getattr(owner, part)
         original = vars(owner)[attr].fget if kind == "property" else getattr(owner, attr)
         new = make(original)
-        bound = {"classmethod": classmethod, "property": property}.get(kind)
+        bound = {"classmethod": classmethod, "property": property, "staticmethod": staticmethod}.get(kind)
         setattr(owner, attr, bound(new) if bound else new)
         for other in _ALSO_BOUND.get(name, ()):
             setattr(importlib.import_module(other), attr, new)

@@ -213,3 +213,252 @@ def fsdp_llama(rank: int, reshard_after_forward: bool = True, mixed: bool = Fals
         sorted({str(o.dtype) for o in gathered}),
     )
     return out
+
+
+# --- tensor and sequence parallel (parallelize_module) ---------------------------------------------------------
+
+
+class _Attention(torch.nn.Module):
+    """torchtitan's attention, without rotary embeddings: q/k/v/o projections, causal SDPA. Heads are counted from
+    the projection's width (``-1``), so the module runs on a rank's part of the heads as on all of them."""
+
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        bs, seqlen, _ = x.shape
+        q, k, v = (w(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class _FeedForward(torch.nn.Module):
+    """torchtitan's SwiGLU MLP: ``w2(silu(w1(x)) * w3(x))``."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Linear(dim, hidden, bias=False)
+        self.w2 = torch.nn.Linear(hidden, dim, bias=False)
+        self.w3 = torch.nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, dim: int, n_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.attention_norm, self.ffn_norm = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
+        self.attention, self.feed_forward = _Attention(dim, n_heads), _FeedForward(dim, hidden)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class _Llama(torch.nn.Module):
+    """A tiny torchtitan-style Llama: token embedding, decoder blocks, final norm, output projection."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, n_heads: int = 8, hidden: int = 64, layers: int = 2):
+        super().__init__()
+        self.tok_embeddings = torch.nn.Embedding(vocab, dim)
+        self.layers = torch.nn.ModuleList(_Block(dim, n_heads, hidden) for _ in range(layers))
+        self.norm, self.output = torch.nn.RMSNorm(dim), torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.tok_embeddings(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def _llama_loss(model, ids):
+    logits = model(ids)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _mlp_loss(model, x):
+    return model(x).pow(2).mean()
+
+
+def _tp_plan(kind: str) -> dict:
+    """torchtitan's tensor-parallel plan: q/k/v and w1/w3 column-wise, o and w2 row-wise; with sequence parallel
+    (``"llama"``) the norms hold sequence shards and each block's input is gathered (``PrepareModuleInput``)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if kind == "mlp":
+        return {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for i in range(2):
+        p = f"layers.{i}."
+        plan.update(
+            {
+                p + "attention_norm": SequenceParallel(),
+                p + "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                p + "attention.wq": ColwiseParallel(),
+                p + "attention.wk": ColwiseParallel(),
+                p + "attention.wv": ColwiseParallel(),
+                p + "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                p + "ffn_norm": SequenceParallel(),
+                p + "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                p + "feed_forward.w1": ColwiseParallel(),
+                p + "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                p + "feed_forward.w3": ColwiseParallel(),
+            }
+        )
+    return plan
+
+
+def tensor_parallel(rank: int, kind: str) -> dict:
+    """``parallelize_module`` over ``init_device_mesh("lazyxla", (8,))`` in SPMD mode: a SwiGLU MLP (``"mlp"``:
+    column- and row-wise linears) or a tiny torchtitan-style Llama (``"llama"``: tensor and sequence parallel), 4
+    AdamW (foreach) steps against the same steps in CPU eager; parameter placements and layouts, compiles and
+    programs per step."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    if kind == "mlp":
+        ref, loss_of = _FeedForward(32, 64), _mlp_loss
+        batches = [torch.randn(4, 16, 32) for _ in range(STEPS)]
+    else:
+        ref, loss_of = _Llama(), _llama_loss
+        batches = [torch.randint(0, 64, (4, 16)) for _ in range(STEPS)]
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    mesh = init_device_mesh("lazyxla", (8,))
+    parallelize_module(model, mesh, _tp_plan(kind))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
+
+    return _train_and_measure(model, opt, ref, ref_opt, loss_of, batches)
+
+
+def _train_and_measure(model, opt, ref, ref_opt, loss_of, batches, to_device=None, seq_axis="dim0") -> dict:
+    """Train ``model`` (lazyxla, parallelized) and ``ref`` (CPU eager) on ``batches`` (put on the device by
+    ``to_device``); losses, compiles and programs per step, how many activations the first step's program holds
+    split over the sequence on mesh axis ``seq_axis``, and each parameter's placements, layout, difference and
+    per-device fraction."""
+    import lazyxla
+
+    to_device = to_device or (lambda batch: batch.to(lazyxla.device()))
+
+    out: dict = {}
+    lazyxla.sync()
+    losses, ref_losses, compiles, executions = [], [], [], []
+    for batch in batches:
+        before = lazyxla.metrics.counters()
+        loss = loss_of(model, to_device(batch))
+        if not losses:  # activations laid out as the plan says: (batch, sequence / 8, features) under sequence parallel
+            text = lazyxla.debug.stablehlo_text([loss])
+            sequence = f'{{"{seq_axis}"}}, {{}}]'
+            out["sequence_sharded"] = text.count("[{}, " + sequence) + text.count('[{"dp"}, ' + sequence)
+            out["batch_sharded"] = text.count('[{"dp"}, {}]')
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+        lazyxla.sync()
+        after = lazyxla.metrics.counters()
+        compiles.append(after["compiles"] - before["compiles"])
+        executions.append(after["executions"] - before["executions"])
+        ref_loss = loss_of(ref, batch)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    out["loss_types"] = sorted({type(v).__name__ for v in losses})
+    out["losses"], out["ref_losses"] = [v.cpu().item() for v in losses], ref_losses
+    out["compiles"], out["executions"] = compiles, executions
+    params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+    out["placements"] = {n: str(p.placements) for n, p in params.items()}
+    out["layouts"] = {n: _layout(p) for n, p in params.items()}
+    values = {n: p.full_tensor().cpu() for n, p in params.items()}
+    out["param_diffs"] = {n: (v - ref_params[n].detach()).abs().max().item() for n, v in values.items()}
+    # tests/test_training.py's tolerance
+    close = {n: torch.allclose(v, ref_params[n].detach(), rtol=1e-4, atol=1e-5) for n, v in values.items()}
+    out["params_close"] = close
+    # per device: the fraction of each parameter's elements its buffer holds, measured from the buffers
+    out["fractions"] = {
+        n: sorted({s.data.numel() / p.numel() for s in lazyxla.spmd.local_shards(p._local_tensor)})
+        for n, p in params.items()
+    }
+    return out
+
+
+def from_local(rank: int) -> dict:
+    """``DTensor.from_local`` of a user's tensor and ``to_local`` back in SPMD mode, differentiated, against CPU
+    eager: the local tensor given is the global tensor, laid out as the placements say, and ``to_local()`` is a
+    user's tensor holding the global value."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("lazyxla", (8,))
+    torch.manual_seed(0)
+    a, b, c = torch.randn(16, 8), torch.randn(8, 16), torch.randn(16, 16)
+    x = a.to(lazyxla.device()).requires_grad_()
+    d = DTensor.from_local(x * 1, mesh, [Shard(0)])
+    out: dict = {"layout": _layout(d), "placements": str(d.placements), "shape": tuple(d.shape)}
+    y = d @ distribute_tensor(b, mesh, [Replicate()])
+    local = y.to_local() * c.to(lazyxla.device())  # a user's tensor, mixed with another user's tensor
+    out["local_type"], out["local_shape"] = type(local).__name__, tuple(local.shape)
+    z = DTensor.from_local(local.sin(), mesh, [Shard(1)])
+    out["z_layout"] = _layout(z)
+    loss = z.sum()
+    loss.backward()
+    ref_x = a.clone().requires_grad_()
+    ref = ((ref_x @ b) * c).sin().sum()
+    ref.backward()
+    out["loss"] = (loss.full_tensor().cpu().item(), ref.item())
+    out["grad_type"] = type(x.grad).__name__
+    out["grad"] = (x.grad.cpu() - ref_x.grad).abs().max().item()
+    return out
+
+
+def fsdp_tp(rank: int) -> dict:
+    """2-D: ``init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))``, tensor and sequence parallel on
+    "tp" and FSDP2 (``fully_shard`` per block and at the root) on "dp", 4 AdamW (foreach) steps of the tiny
+    torchtitan-style Llama against CPU eager; placements, layouts, per-device fractions, compiles, programs."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    ref = _Llama()
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(STEPS)]
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    mesh = init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], _tp_plan("llama"))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
+    # data parallel: the global batch split over "dp", as the global view says (a rank's part is its rows)
+    to_device = lambda batch: distribute_tensor(batch, mesh["dp"], [Shard(0)]).to_local()  # noqa: E731
+    return _train_and_measure(model, opt, ref, ref_opt, _llama_loss, batches, to_device, seq_axis="tp")

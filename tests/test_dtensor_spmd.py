@@ -100,3 +100,71 @@ def test_fsdp2_llama_trains_as_cpu_eager_in_one_program_per_step(fsdp):
         assert worst < 1e-5, run["param_diffs"]
     assert run["executions"] == [1] * 4  # forward, backward, reduce and AdamW: one program
     assert run["compiles"][2:] == [0, 0], run["compiles"]
+
+
+# --- from_local / to_local, tensor and sequence parallel (parallelize_module) -----------------------------------
+
+
+def test_from_local_of_a_users_tensor_and_to_local_are_the_global_value_and_differentiate_as_cpu():
+    (run,) = lazyxla.spawn(W.from_local, nprocs=1, cpu_devices=8, timeout_s=280)
+    # the local tensor given is the global tensor, laid out as the placements say
+    assert run["placements"] == "(Shard(dim=0),)" and run["shape"] == (16, 8) and run["layout"] == ("dim0", None)
+    assert run["z_layout"] == (None, "dim0")
+    # to_local() is a user's tensor (it mixes with the user's own tensors) holding the global value
+    assert run["local_type"] == "Tensor" and run["local_shape"] == (16, 16)
+    got, want = run["loss"]
+    assert abs(got - want) < 1e-4 * max(1.0, abs(want))
+    assert run["grad_type"] == "Tensor" and run["grad"] < 1e-5
+
+
+@pytest.fixture(scope="module", params=["mlp", "llama"])
+def tp(request):
+    (out,) = lazyxla.spawn(W.tensor_parallel, args=(request.param,), nprocs=1, cpu_devices=8, timeout_s=280)
+    return request.param, out
+
+
+def test_parallelize_module_lays_weights_out_as_the_plan_says(tp):
+    kind, run = tp
+    for name, placements in run["placements"].items():
+        layout, fractions = run["layouts"][name], run["fractions"][name]
+        if name.endswith(("w1.weight", "w3.weight", "wq.weight", "wk.weight", "wv.weight", "output.weight")):
+            assert placements == "(Shard(dim=0),)" and layout == ("dim0", None), (name, placements, layout)  # colwise
+        elif name.endswith(("w2.weight", "wo.weight")):
+            assert placements == "(Shard(dim=1),)" and layout == (None, "dim0"), (name, placements, layout)  # rowwise
+        elif name == "tok_embeddings.weight":  # RowwiseParallel of an embedding: its rows
+            assert placements == "(Shard(dim=0),)" and layout == ("dim0", None), (name, placements, layout)
+        else:  # norms (SequenceParallel): replicated
+            assert placements == "(Replicate(),)" and layout is None, (name, placements, layout)
+        # measured from the device buffers: each of the 8 devices holds 1/8 of a sharded weight
+        assert fractions == ([1.0] if layout is None else [0.125]), (name, fractions)
+    if kind == "llama":  # sequence parallel: activations between blocks are split over the sequence
+        assert run["sequence_sharded"] > 0
+
+
+def test_tensor_parallel_trains_as_cpu_eager_in_one_program_per_step(tp):
+    _, run = tp
+    assert run["loss_types"] == ["Tensor"]  # the loss is a user's tensor (the output's use_local_output)
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
+    assert all(run["params_close"].values()), run["param_diffs"]
+    assert run["executions"] == [1] * 4  # forward, backward and AdamW: one program
+    assert run["compiles"][2:] == [0, 0], run["compiles"]
+
+
+def test_fsdp2_over_tensor_parallel_on_a_2d_mesh_trains_as_cpu_eager():
+    (run,) = lazyxla.spawn(W.fsdp_tp, nprocs=1, cpu_devices=8, timeout_s=280)
+    for name, placements in run["placements"].items():  # FSDP2 on "dp" over TP's placements on "tp"
+        layout = run["layouts"][name]
+        if name.endswith(("w2.weight", "wo.weight")):  # rowwise: rows over "dp", columns over "tp"
+            assert placements == "(Shard(dim=0), Shard(dim=1))" and layout == ("dp", "tp"), (name, layout)
+        elif name.endswith("norm.weight"):  # replicated over "tp", FSDP's rows over "dp"
+            assert placements == "(Shard(dim=0), Replicate())" and layout == ("dp",), (name, layout)
+        else:  # colwise (and the embedding's rows): FSDP splits each TP part, "dp" inside "tp"
+            assert placements == "(_StridedShard(dim=0, sf=4), Shard(dim=0))", (name, placements)
+            assert layout == (("tp", "dp"), None), (name, layout)
+        # measured from the device buffers: 1/8 of each weight per device (a norm's 1/2: it is not split over "tp")
+        assert run["fractions"][name] == ([0.5] if layout == ("dp",) else [0.125]), (name, run["fractions"][name])
+    assert run["batch_sharded"] > 0 and run["sequence_sharded"] > 0  # data over "dp", sequence over "tp"
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
+    assert all(run["params_close"].values()), run["param_diffs"]
+    assert run["executions"] == [1] * 4
+    assert run["compiles"][2:] == [0, 0], run["compiles"]

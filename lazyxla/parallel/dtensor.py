@@ -19,7 +19,9 @@ DTensor ops, ``redistribute`` and ``full_tensor`` run in that model without per-
 - **The conversions**: where DTensor turns a global tensor into a rank's part or back, this module puts a
   layout instead (``torch_private.replace_dtensor_conversions`` names each place): ``distribute_tensor``'s
   per-placement split/replicate/partition, ``redistribute``'s (and an op's implicit) redistribution,
-  ``from_local``'s global shape, and the global-to-local rewrite of view and factory ops' shape arguments.
+  ``from_local``'s global shape and tensor (the user's tensor is the global value, laid out as the placements
+  say; ``to_local()`` hands back a user's tensor holding it), and the global-to-local rewrite of view and factory
+  ops' shape arguments. So ``parallelize_module``'s styles (column/row-wise, sequence parallel) run unchanged.
   Each checks the mesh and leaves every other mesh (CPU, CUDA, the multi-process ``lazyxla`` backend) alone.
 
 Example::
@@ -43,7 +45,7 @@ from torch.distributed import ProcessGroup
 
 from lazyxla import torch_private
 from lazyxla.device import devices, processes
-from lazyxla.lazy.tensor import LazyTensor, unwrap
+from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.ops import ops
 from lazyxla.parallel import spmd
 from lazyxla.parallel.process_group import done
@@ -197,12 +199,37 @@ def spec_of(mesh, placements: Sequence, ndim: int) -> tuple[spmd.Mesh, tuple]:
     """
     m, axes = mesh_of(mesh)
     entries: list[list[str]] = [[] for _ in range(ndim)]
-    for axis, p in zip(axes, placements):
-        if p.is_shard():
-            if type(p).__name__ != "Shard":  # _StridedShard: an order of splits a partition spec cannot say
-                raise NotImplementedError(f"DTensor in SPMD mode: placement {p} is not supported yet")
+    inner: list[list[str]] = [[] for _ in range(ndim)]
+    for i, (axis, p) in enumerate(zip(axes, placements)):
+        if type(p).__name__ == "_StridedShard":  # (not a Shard, nor is_shard(), in torch 2.13)
+            _check_strided(mesh, placements, i, p)
+            inner[p.dim % ndim].append(axis)
+        elif p.is_shard():
             entries[p.dim % ndim].append(axis)
-    return m, tuple(None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries)
+    return m, tuple(_entry(e + s) for e, s in zip(entries, inner))
+
+
+def _entry(names: list[str]):
+    return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def _check_strided(mesh, placements: Sequence, i: int, p) -> None:
+    """A ``_StridedShard(d, split_factor=f)`` on mesh dimension ``i`` (FSDP2's placement over TP's ``Shard(d)``)
+    splits each part that the later mesh dimensions sharding ``d`` make: its axis comes after theirs on ``d``
+    (inner), which a partition spec says when ``f`` is the product of their sizes."""
+    later = [j for j in range(i + 1, len(placements)) if getattr(placements[j], "dim", None) == p.dim]
+    if p.split_factor != _product(mesh.size(j) for j in later):
+        raise NotImplementedError(
+            f"DTensor in SPMD mode: placement {p} on mesh dimension {i} of {tuple(placements)}: only a split "
+            "factor equal to the later mesh dimensions sharding the same tensor dimension is supported"
+        )
+
+
+def _product(sizes) -> int:
+    out = 1
+    for n in sizes:
+        out *= n
+    return out
 
 
 def laid_out(t: torch.Tensor, m: spmd.Mesh, spec: tuple) -> torch.Tensor:
@@ -317,6 +344,95 @@ def _setup_world_group_and_device(original: Callable) -> Callable:
         return None  # one device stands for all: nothing to select
 
     return setup_world_group_and_device
+
+
+# --- from_local / to_local: between the user's tensors and a DTensor's bare local tensor -----------------------
+#
+# A DTensor's local tensor is a bare LazyTensor (DTensor's local ops run with functionalization excluded); the
+# user's tensors are functionalization wrappers. ``from_local`` (and so the gradient of ``to_local``, which
+# PyTorch makes a DTensor by ``from_local``) takes the global value out of the wrapper and lays it out as the
+# placements say; ``to_local`` (and the gradient of ``from_local``) hands the user a wrapper, as every other
+# lazyxla tensor the user holds is, so it mixes with the user's own tensors. Each is differentiable, as
+# PyTorch's is: the autograd functions stay PyTorch's, only the tensors crossing them change kind.
+
+
+def _as_user(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's bare local tensor as a user's tensor (a functionalization wrapper around the same value)."""
+    return wrap(t) if isinstance(t, LazyTensor) else t
+
+
+def _from_local_forward(original: Callable) -> Callable:
+    def forward(ctx, input, device_mesh, placements, *args, **kwargs):
+        if not is_global(device_mesh) or input.device.type != devices.torch_name():
+            return original(ctx, input, device_mesh, placements, *args, **kwargs)
+        lt = unwrap(input)
+        out = original(ctx, LazyTensor(lt._value, lt._aval), device_mesh, placements, *args, **kwargs)
+        # the global value, laid out as the placements say (after PyTorch's fresh view of it, which would hide a
+        # layout given to its input)
+        m, partition = spec_of(device_mesh, placements, input.dim())
+        out._local_tensor = laid_out(out._local_tensor, m, partition)
+        return out
+
+    return forward
+
+
+def _from_local_backward(original: Callable) -> Callable:
+    def backward(ctx, grad_output):
+        grads = original(ctx, grad_output)
+        if not is_global(ctx.forward_input_device_mesh):
+            return grads
+        return (_as_user(grads[0]), *grads[1:])  # the gradient of the user's tensor is a user's tensor
+
+    return backward
+
+
+def _to_local_forward(original: Callable) -> Callable:
+    def forward(ctx, input, grad_placements):
+        local = original(ctx, input, grad_placements)
+        return _as_user(local) if is_global(input.device_mesh) else local
+
+    return forward
+
+
+# --- FSDP2 over tensor-parallel parameters (2-D meshes) ----------------------------------------------------------
+#
+# FSDP2 copies a TP parameter's local tensor into its sharded buffer through a view (done on a user's tensor
+# here, as only those keep views), and makes its unsharded form a DTensor (of the TP placements) over a view of
+# its all-gather output, once, and relies on that aliasing: each later all-gather writes the output, and the
+# parameter sees it. A DTensor here holds a bare LazyTensor, which no view keeps, so the DTensor's local tensor
+# is made again from the all-gather output at every all-gather (FSDP calls ``init_unsharded_param`` for each),
+# laid out as its placements say.
+
+
+def _fsdp_init_sharded_param(original: Callable) -> Callable:
+    def init_sharded_param(self, param, *args, **kwargs):
+        spec = getattr(param, "_spec", None)
+        if spec is None or not is_global(spec.mesh) or not isinstance(param._local_tensor, LazyTensor):
+            return original(self, param, *args, **kwargs)
+        # FSDP copies the TP parameter's local tensor into a slice of a new padded buffer: an in-place write
+        # through a view, which only a user's (functionalization) tensor keeps
+        local = param._local_tensor
+        param._local_tensor = wrap(local)
+        try:
+            return original(self, param, *args, **kwargs)
+        finally:
+            param._local_tensor = local
+
+    return init_sharded_param
+
+
+def _fsdp_init_unsharded_param(original: Callable) -> Callable:
+    def init_unsharded_param(self) -> None:
+        original(self)
+        param, size, stride = torch_private.fsdp_unsharded_parts(self)
+        spec = getattr(param, "_spec", None)
+        if spec is None or not is_global(spec.mesh) or len(self.all_gather_outputs) != 1:
+            return
+        value = unwrap(self.all_gather_outputs[0]).as_strided(size, stride, 0)
+        m, partition = spec_of(spec.mesh, spec.placements, len(size))
+        param._local_tensor = laid_out(value, m, partition)
+
+    return init_unsharded_param
 
 
 # --- FSDP2 (fully_shard) on a global mesh ----------------------------------------------------------------
@@ -496,6 +612,11 @@ def install() -> None:
             "adjust_shape_and_stride_args": _adjust_shape_and_stride_args,
             "compute_global_tensor_info": _compute_global_tensor_info,
             "setup_world_group_and_device": _setup_world_group_and_device,
+            "from_local_forward": _from_local_forward,
+            "from_local_backward": _from_local_backward,
+            "to_local_forward": _to_local_forward,
+            "fsdp_init_sharded_param": _fsdp_init_sharded_param,
+            "fsdp_init_unsharded_param": _fsdp_init_unsharded_param,
             "fsdp_mesh_info": _fsdp_mesh_info,
             "fsdp_to_sharded_dtensor": _fsdp_to_sharded_dtensor,
             "fsdp_all_gather_inputs": _fsdp_all_gather_inputs,
