@@ -546,3 +546,31 @@ def dtensor_ops(rank: int) -> dict:
     out["compiles"] = compiles
     dist.destroy_process_group()
     return out
+
+
+def dtensor_backward(rank: int) -> dict:
+    """``(A @ W).sin().sum().backward()`` with A ``Shard(0)`` and W ``Replicate()`` on a 1-D lazyxla DeviceMesh
+    over the replicas, twice: the loss, W's gradient (CPU copies) and compiles per step."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    mesh = init_device_mesh("lazyxla", (dist.get_world_size(),))
+    dev = lazyxla.device()
+    a, w, _, _ = dtensor_problem()
+    compiles = []
+    for _ in range(2):
+        A = distribute_tensor(a.to(dev), mesh, [Shard(0)])
+        W = distribute_tensor(w.to(dev), mesh, [Replicate()]).requires_grad_()
+        loss = (A @ W).sin().sum()
+        loss.backward()
+        out = {"loss": loss.full_tensor(), "grad": W.grad.full_tensor(), "grad placements": str(W.grad.placements)}
+        lazyxla.sync()
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    out["compiles"] = compiles
+    dist.destroy_process_group()
+    return out

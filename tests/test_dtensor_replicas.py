@@ -115,3 +115,17 @@ def test_dtensor_over_two_replicas_equals_cpu_eager():
         assert run["local types"] == ["Tensor"]  # local shards stay lazyxla's functionalization wrappers
         assert run["host exchanges"] == 0  # every redistribution ran as an in-graph collective
         assert run["compiles"] == [run["compiles"][0]] * 3, run["compiles"]  # nothing compiles after step 1
+
+
+def test_dtensor_backward_over_two_replicas_equals_cpu_eager():
+    # raised in sharding propagation of the sum's backward (aten.expand of a 0-d DTensor): FakeTensor could not adopt
+    # the tensor detached by the subclass relay's Python kernel of aten::detach (lazy/subclass_relay.py)
+    runs = lazyxla.spawn(W.dtensor_backward, nprocs=2, timeout_s=300)
+    a, w, _, _ = W.dtensor_problem()
+    w.requires_grad_()
+    loss = (a @ w).sin().sum()
+    loss.backward()
+    for rank, run in enumerate(runs):
+        torch.testing.assert_close(run["loss"], loss.detach(), msg=f"rank {rank} loss")
+        torch.testing.assert_close(run["grad"], w.grad, msg=f"rank {rank} grad")
+        assert run["compiles"][1] == run["compiles"][0], run["compiles"]  # step 2 reuses step 1's programs
