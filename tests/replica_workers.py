@@ -574,3 +574,59 @@ def dtensor_backward(rank: int) -> dict:
     out["compiles"] = compiles
     dist.destroy_process_group()
     return out
+
+
+def fsdp_problem():
+    """A tiny MLP (its initial state) and 4 batches of (input, target): the same in every rank."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+    )
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)) for _ in range(4)]
+    return model, batches
+
+
+def fsdp_mlp(rank: int) -> dict:
+    """FSDP2 (``fully_shard`` per Linear and at the root) over the replicas: 4 AdamW (foreach) steps, each rank on its
+    part of the batch. Each step's loss (this rank's), compiles after each step, the final parameters' local shards,
+    and the local and global element counts of parameters, gradients and optimizer state after the last backward."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    model, batches = fsdp_problem()
+    model.to(dev)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    losses, compiles, counts = [], [], {}
+    for x, y in batches:
+        loss = F.mse_loss(model(x.chunk(n)[rank].to(dev)), y.chunk(n)[rank].to(dev))
+        loss.backward()
+        opt.step()
+        params = list(model.parameters())
+        counts = {
+            "params": [(p.to_local().numel(), p.numel()) for p in params],
+            "grads": [(p.grad.to_local().numel(), p.grad.numel()) for p in params],
+            "optimizer state": [
+                (v.to_local().numel(), v.numel()) for p in params for v in opt.state[p].values() if v.dim() > 0
+            ],
+        }
+        opt.zero_grad()
+        lazyxla.sync()
+        losses.append(loss.detach().cpu())
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {"losses": losses, "compiles": compiles, "counts": counts}
+    out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
+    dist.destroy_process_group()
+    return out
