@@ -84,16 +84,6 @@ def _free_unsharded_param(original):
     return free_unsharded_param
 
 
-def _all_gather_copy_in(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel: int, rank: int):
-    # PyTorch's kernel (a view of the output, filled by _foreach_copy_), in ATen ops that functionalization records:
-    # its PrivateUse1 kernel never runs on a wrapper, and the Python key's fallback ran it on the CPU (a sync per
-    # parameter group and step)
-    all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
-    with torch.no_grad():
-        all_gather_input.copy_(torch.cat([x.reshape(-1).to(all_gather_output.dtype) for x in all_gather_inputs]))
-    return all_gather_input, all_gather_output
-
-
 def install_replicas() -> None:
     """FSDP2 over lazyxla replicas: the copy ops' kernels (``functionalize``) and the all-gather outputs' freeing
     without storage resizes (see the module docstring), once.

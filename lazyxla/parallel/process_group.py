@@ -462,7 +462,8 @@ def register() -> None:
     # (funcol's _wrap_tensor_autograd still runs on the CPU, which syncs each funcol result: one collective per
     # program. Recorded as the value, the two-replica DTensor test hung: its step became one program of ~10
     # collectives whose post-order differed between the ranks (roots sorted by hash, and rank-specific slices make
-    # rank-specific hashes), so rank 0 waited in an all-gather while rank 1 waited in a broadcast. Needs collectives
-    # ordered as recorded, and chained, in multi-replica programs.)
+    # rank-specific hashes), so rank 0 waited in an all-gather while rank 1 waited in a broadcast. With the
+    # collectives put in recording order and chained, the programs agreed yet some runs still failed in gloo: open,
+    # docs/architecture.md "DeviceMesh and DTensor over replicas".)
     if "lazyxla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("lazyxla", _create, devices=[devices.torch_name()])
