@@ -628,5 +628,76 @@ def fsdp_mlp(rank: int) -> dict:
         compiles.append(lazyxla.metrics.counters()["compiles"])
     out = {"losses": losses, "compiles": compiles, "counts": counts}
     out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
+    # between steps FSDP has freed its all-gather outputs: they hold no device buffer (a read says so)
+    group = model[0]._get_fsdp_state()._fsdp_param_group
+    try:
+        group.fsdp_params[0].all_gather_outputs[0].cpu()
+        out["freed read"] = "read"
+    except RuntimeError as e:
+        out["freed read"] = str(e)
+    dist.destroy_process_group()
+    return out
+
+
+def tiny_llama():
+    """A tiny random transformers LlamaForCausalLM (nothing downloaded) on the CPU, and 4 batches of token ids."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    g = torch.Generator().manual_seed(1)
+    return model, [torch.randint(0, 64, (4, 16), generator=g) for _ in range(4)]
+
+
+def fsdp_llama_replicas(rank: int) -> dict:
+    """FSDP2 (``fully_shard`` per decoder layer and at the root) over the replicas: 4 AdamW (foreach) steps of a
+    tiny Llama, each rank on its rows of the batch. Its losses, compiles after each step, the final parameters' local
+    shards and the local and global element counts of parameters, gradients and optimizer state."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    model, batches = tiny_llama()
+    model.to(dev)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    losses, compiles, counts = [], [], {}
+    for ids in batches:
+        ids = ids.chunk(n)[rank].to(dev)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        params = list(model.parameters())
+        counts = {
+            "params": [(p.to_local().numel(), p.numel()) for p in params],
+            "grads": [(p.grad.to_local().numel(), p.grad.numel()) for p in params],
+            "optimizer state": [
+                (v.to_local().numel(), v.numel()) for p in params for v in opt.state[p].values() if v.dim() > 0
+            ],
+        }
+        opt.zero_grad()
+        lazyxla.sync()
+        losses.append(loss.detach().cpu())
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {"losses": losses, "compiles": compiles, "counts": counts}
+    out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
     dist.destroy_process_group()
     return out

@@ -156,3 +156,29 @@ def test_fsdp2_mlp_over_two_replicas_trains_as_cpu_eager():
             local, whole = map(sum, zip(*pairs))
             assert local * world == whole, (what, pairs)  # each rank holds 1/2 (every dim 0 here is even)
         assert run["compiles"][1:] == [run["compiles"][1]] * 3, run["compiles"]  # nothing compiles after step 2
+        assert "FSDP2 freed this all-gather output" in run["freed read"], run["freed read"]
+
+
+def test_fsdp2_tiny_llama_over_two_replicas_trains_as_cpu_eager():
+    pytest.importorskip("transformers", reason="the tiny Llama is transformers' LlamaForCausalLM")
+    world = 2
+    runs = lazyxla.spawn(W.fsdp_llama_replicas, nprocs=world, timeout_s=300)
+    model, batches = W.tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    ref_losses = []
+    for ids in batches:
+        loss = model(input_ids=ids, labels=ids).loss  # a mean over tokens: each rank has half, as many each
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(loss.item())
+    losses = torch.stack([torch.stack(run["losses"]) for run in runs]).mean(0)
+    torch.testing.assert_close(losses, torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    for name, ref in model.named_parameters():
+        got = torch.cat([run["params"][name] for run in runs])
+        torch.testing.assert_close(got, ref.detach(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    for run in runs:
+        for what, pairs in run["counts"].items():
+            local, whole = map(sum, zip(*pairs))
+            assert local * world == whole, (what, pairs)
+        assert run["compiles"][1:] == [run["compiles"][1]] * 3, run["compiles"]
