@@ -546,3 +546,158 @@ def dtensor_ops(rank: int) -> dict:
     out["compiles"] = compiles
     dist.destroy_process_group()
     return out
+
+
+def dtensor_backward(rank: int) -> dict:
+    """``(A @ W).sin().sum().backward()`` with A ``Shard(0)`` and W ``Replicate()`` on a 1-D lazyxla DeviceMesh
+    over the replicas, twice: the loss, W's gradient (CPU copies) and compiles per step."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    mesh = init_device_mesh("lazyxla", (dist.get_world_size(),))
+    dev = lazyxla.device()
+    a, w, _, _ = dtensor_problem()
+    compiles = []
+    for _ in range(2):
+        A = distribute_tensor(a.to(dev), mesh, [Shard(0)])
+        W = distribute_tensor(w.to(dev), mesh, [Replicate()]).requires_grad_()
+        loss = (A @ W).sin().sum()
+        loss.backward()
+        out = {"loss": loss.full_tensor(), "grad": W.grad.full_tensor(), "grad placements": str(W.grad.placements)}
+        lazyxla.sync()
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    out["compiles"] = compiles
+    dist.destroy_process_group()
+    return out
+
+
+def fsdp_problem():
+    """A tiny MLP (its initial state) and 4 batches of (input, target): the same in every rank."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+    )
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)) for _ in range(4)]
+    return model, batches
+
+
+def fsdp_mlp(rank: int) -> dict:
+    """FSDP2 (``fully_shard`` per Linear and at the root) over the replicas: 4 AdamW (foreach) steps, each rank on its
+    part of the batch. Each step's loss (this rank's), compiles after each step, the final parameters' local shards,
+    and the local and global element counts of parameters, gradients and optimizer state after the last backward."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    model, batches = fsdp_problem()
+    model.to(dev)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    losses, compiles, counts = [], [], {}
+    for x, y in batches:
+        loss = F.mse_loss(model(x.chunk(n)[rank].to(dev)), y.chunk(n)[rank].to(dev))
+        loss.backward()
+        opt.step()
+        params = list(model.parameters())
+        counts = {
+            "params": [(p.to_local().numel(), p.numel()) for p in params],
+            "grads": [(p.grad.to_local().numel(), p.grad.numel()) for p in params],
+            "optimizer state": [
+                (v.to_local().numel(), v.numel()) for p in params for v in opt.state[p].values() if v.dim() > 0
+            ],
+        }
+        opt.zero_grad()
+        lazyxla.sync()
+        losses.append(loss.detach().cpu())
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {"losses": losses, "compiles": compiles, "counts": counts}
+    out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
+    # between steps FSDP has freed its all-gather outputs: they hold no device buffer (a read says so)
+    group = model[0]._get_fsdp_state()._fsdp_param_group
+    try:
+        group.fsdp_params[0].all_gather_outputs[0].cpu()
+        out["freed read"] = "read"
+    except RuntimeError as e:
+        out["freed read"] = str(e)
+    dist.destroy_process_group()
+    return out
+
+
+def tiny_llama():
+    """A tiny random transformers LlamaForCausalLM (nothing downloaded) on the CPU, and 4 batches of token ids."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    g = torch.Generator().manual_seed(1)
+    return model, [torch.randint(0, 64, (4, 16), generator=g) for _ in range(4)]
+
+
+def fsdp_llama_replicas(rank: int) -> dict:
+    """FSDP2 (``fully_shard`` per decoder layer and at the root) over the replicas: 4 AdamW (foreach) steps of a
+    tiny Llama, each rank on its rows of the batch. Its losses, compiles after each step, the final parameters' local
+    shards and the local and global element counts of parameters, gradients and optimizer state."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    model, batches = tiny_llama()
+    model.to(dev)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    losses, compiles, counts = [], [], {}
+    for ids in batches:
+        ids = ids.chunk(n)[rank].to(dev)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        params = list(model.parameters())
+        counts = {
+            "params": [(p.to_local().numel(), p.numel()) for p in params],
+            "grads": [(p.grad.to_local().numel(), p.grad.numel()) for p in params],
+            "optimizer state": [
+                (v.to_local().numel(), v.numel()) for p in params for v in opt.state[p].values() if v.dim() > 0
+            ],
+        }
+        opt.zero_grad()
+        lazyxla.sync()
+        losses.append(loss.detach().cpu())
+        compiles.append(lazyxla.metrics.counters()["compiles"])
+    out = {"losses": losses, "compiles": compiles, "counts": counts}
+    out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
+    dist.destroy_process_group()
+    return out

@@ -16,6 +16,7 @@ DTensor's multi-process execution model). Then lazyxla's own kernels and fallbac
 PrivateUse1 kernel that checks too (``_install_composites``: ~2,200 registrations, ~20 ms, once). Not armed in
 one process, and so not in SPMD mode, whose DTensors hold bare LazyTensors (``parallel/dtensor.py``): a PrivateUse1
 kernel on those composite ops changes how FakeTensor, which DTensor's sharding propagation runs on, computes them.
+``aten::detach`` is never relayed (``_NOT_RELAYED``): FakeTensor's constructor detaches outside any mode.
 
 Example::
 
@@ -125,6 +126,13 @@ def _composite(name: str) -> Callable:
 
 
 _EXPLICIT = ("CompositeExplicitAutogradNonFunctional", "CompositeExplicitAutograd")
+# Composite ops that keep PyTorch's kernel. detach: ``Tensor._make_subclass`` (FakeTensor's constructor, which
+# DTensor's sharding propagation runs) detaches a view that FakeTensor computed from a lazyxla-device fake, outside
+# any mode; a Python kernel gives the detached tensor a Python object, and FakeTensor then refused to adopt it
+# ("the raw Tensor object is already associated to a python object of type Tensor": every DTensor backward's
+# expand). PyTorch's detach needs no relay: it is ``shallow_copy_and_detach``, which a functionalization wrapper
+# answers with a wrapper.
+_NOT_RELAYED = frozenset({"aten::detach"})
 
 
 def _relayed_composites() -> list[str]:
@@ -134,7 +142,8 @@ def _relayed_composites() -> list[str]:
     return [
         name
         for name in torch_private.all_op_names()
-        if not torch_private.has_kernel(name, "PrivateUse1")
+        if name not in _NOT_RELAYED
+        and not torch_private.has_kernel(name, "PrivateUse1")
         and not torch_private.has_kernel(name, "CompositeImplicitAutograd")
         and any(torch_private.has_kernel(name, key) for key in _EXPLICIT)
     ]

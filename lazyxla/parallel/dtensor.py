@@ -47,7 +47,7 @@ from lazyxla import torch_private
 from lazyxla.device import devices, processes
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.ops import ops
-from lazyxla.parallel import spmd
+from lazyxla.parallel import fsdp_ops, spmd
 from lazyxla.parallel.process_group import done
 
 BACKEND = "lazyxla_spmd"
@@ -510,29 +510,6 @@ def _fsdp_free_unsharded_param(original: Callable) -> Callable:
     return free_unsharded_param
 
 
-# FSDP2's copies into its flat communication buffers are custom ops that write their ``out`` argument, which
-# functionalization (every lazyxla tensor is a functionalization wrapper) refuses; as the same copy written with
-# ATen ops they are functionalized as any other write.
-_fsdp_library: list[torch.library.Library] = []
-
-
-def _chunk_cat(tensors, dim: int, num_chunks: int, out: torch.Tensor) -> None:
-    out.copy_(torch_private.chunk_cat(tensors, dim, num_chunks))
-
-
-def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim: int = 0, *, out) -> None:
-    for target, part in zip(out, torch.split(all_gather_output, all_gather_input_split_sizes, dim=dim)):
-        target.copy_(part)
-
-
-def _functionalize_fsdp_ops() -> None:
-    # (the ops are defined by FSDP2's modules, which replace_dtensor_conversions loaded)
-    lib = torch.library.Library("fsdp", "IMPL")
-    lib.impl("chunk_cat", _chunk_cat, "Functionalize")
-    lib.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
-    _fsdp_library.append(lib)
-
-
 def _ensure_stream_api() -> None:
     """FSDP2 orders its copies and collectives with the device module's streams and events. Where the device module
     has none (``torch.lazyxla`` gets them with the device module's own streams), give it ones that only order:
@@ -624,7 +601,7 @@ def install() -> None:
         }
     )
     _ensure_stream_api()
-    _functionalize_fsdp_ops()
+    fsdp_ops.functionalize()  # (FSDP2's copy ops: parallel/fsdp_ops.py)
     _installed["done"] = True
 
 

@@ -27,6 +27,7 @@ from lazyxla.lazy.graph import sync, sync_tensors
 from lazyxla.lazy.special import SPECIAL, SPECIAL_BY_NAME
 from lazyxla.lazy.tensor import LazyTensor, unwrap, wrap
 from lazyxla.lowering.replica import permute_pair
+from lazyxla.parallel import fsdp_ops
 from lazyxla.parallel.collectives import ReduceOp, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 
 _OPS = {
@@ -444,6 +445,7 @@ def check_world(rank: int, size: int, backend: str) -> None:
 def _create(store, rank: int, size: int, timeout) -> LazyxlaProcessGroup:
     check_world(rank, size, "lazyxla")
     subclass_relay.arm()  # (DTensor's local ops on lazyxla tensors, in this execution model: lazy/subclass_relay.py)
+    fsdp_ops.install_replicas()  # (FSDP2 on lazyxla tensors: parallel/fsdp_ops.py)
     return LazyxlaProcessGroup(rank, size)
 
 
@@ -457,7 +459,11 @@ def register() -> None:
     """
     SPECIAL.update(_funcol_handlers())
     SPECIAL_BY_NAME["_dtensor.shard_dim_alltoall.default"] = _shard_dim_alltoall
-    # (funcol's _wrap_tensor_autograd still runs on the CPU: recorded as the value, the two-replica DTensor test
-    # hung in its step's program; not yet understood)
+    # (funcol's _wrap_tensor_autograd still runs on the CPU, which syncs each funcol result: one collective per
+    # program. Recorded as the value, the two-replica DTensor test hung: its step became one program of ~10
+    # collectives whose post-order differed between the ranks (roots sorted by hash, and rank-specific slices make
+    # rank-specific hashes), so rank 0 waited in an all-gather while rank 1 waited in a broadcast. With the
+    # collectives put in recording order and chained, the programs agreed yet some runs still failed in gloo: open,
+    # docs/architecture.md "DeviceMesh and DTensor over replicas".)
     if "lazyxla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("lazyxla", _create, devices=[devices.torch_name()])
