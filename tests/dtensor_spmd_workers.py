@@ -462,3 +462,31 @@ def fsdp_tp(rank: int) -> dict:
     # data parallel: the global batch split over "dp", as the global view says (a rank's part is its rows)
     to_device = lambda batch: distribute_tensor(batch, mesh["dp"], [Shard(0)]).to_local()  # noqa: E731
     return _train_and_measure(model, opt, ref, ref_opt, _llama_loss, batches, to_device, seq_axis="tp")
+
+
+def fsdp_captured(rank: int, steps: int = 5) -> dict:
+    """The same FSDP2 Llama step in lazy mode and under ``lazyxla.compile(capture=True)``: capture refuses a step
+    over DTensors by name and records it, with lazy mode's losses."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 64, (8, 16), generator=g) for _ in range(steps)]
+    out = {}
+    for captured in (False, True):
+        model = _tiny_llama().to(lazyxla.device())
+        mesh = init_device_mesh("lazyxla", (8,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        step = lazyxla.compile(lambda ids, model=model, opt=opt: _fsdp_step(model, opt, ids), capture=captured)
+        losses = [step(ids.to(lazyxla.device())).item() for ids in batches]
+        out["captured" if captured else "lazy"] = losses
+        if captured:
+            out["status"] = step.capture_status
+            out["capturable"] = [group.get("capturable", False) for group in opt.param_groups]
+    return out

@@ -168,3 +168,13 @@ def test_fsdp2_over_tensor_parallel_on_a_2d_mesh_trains_as_cpu_eager():
     assert all(run["params_close"].values()), run["param_diffs"]
     assert run["executions"] == [1] * 4
     assert run["compiles"][2:] == [0, 0], run["compiles"]
+
+
+def test_capture_of_an_fsdp2_step_records_it_and_says_why():
+    """Whole-step capture does not replay steps over DTensors yet: it must not switch FSDP2's AdamW to capturable
+    (plain device step counters meeting DTensor states fail functionalization) nor fail; it records each call, with
+    lazy mode's losses, and says why."""
+    (out,) = lazyxla.spawn(W.fsdp_captured, nprocs=1, cpu_devices=8, timeout_s=280)
+    assert out["captured"] == out["lazy"]
+    assert "is a DTensor (FSDP2, tensor parallel): capture does not replay" in out["status"], out["status"]
+    assert out["capturable"] == [False]

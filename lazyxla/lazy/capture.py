@@ -138,6 +138,9 @@ def _none():
     return None
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__  # (a plain tensor's and a Parameter's: no subclass dispatch)
+
+
 def _ref(v):
     """A weak reference to ``v`` (a call returns None when ``v`` is None or gone)."""
     return _none if v is None else weakref.ref(v)
@@ -162,6 +165,11 @@ class _Start:
         for name, ref in self.objects.items():
             t = ref()
             if t is not None and is_lazyxla(t):
+                if type(t).__torch_dispatch__ is not _PLAIN_DISPATCH:
+                    raise NotCapturable(
+                        f"{_say(name)} is a {type(t).__name__} (FSDP2, tensor parallel): capture does not replay "
+                        "steps over tensor subclasses yet; the step is recorded (lazy mode's numbers)"
+                    )
                 n = unwrap(t)._value[0]
                 if n.op is _DATA:
                     # Known values (lazy/known.py): ops on small integer tensors whose values the host has (a

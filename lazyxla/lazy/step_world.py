@@ -588,6 +588,9 @@ def _cell_guarded(cell) -> bool:
 # ---- optimizers --------------------------------------------------------------------------------------------
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__  # (a plain tensor's and a Parameter's: no subclass dispatch)
+
+
 def make_capturable(opt: torch.optim.Optimizer) -> None:
     """Switch ``opt`` to ``capturable=True`` where it offers it (as ``torch.compile`` does for an optimizer step
     it compiles), moving its step counters to the parameters' device: its bias corrections become device math
@@ -602,6 +605,11 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
         return
     for group in opt.param_groups:
         if not group["params"] or not all(is_lazyxla(p) for p in group["params"]):
+            continue
+        if any(type(p).__torch_dispatch__ is not _PLAIN_DISPATCH for p in group["params"]):
+            # (a tensor subclass's parameters, DTensor's under FSDP2: their states are DTensors too, and device step
+            # counters of plain lazyxla tensors would meet their local tensors in one foreach op, which
+            # functionalization refuses; such a step is recorded, its bias corrections Python numbers)
             continue
         _lr_as_tensor(opt, group)
         if group.get("capturable") or group.get("fused"):  # (a fused step's counters are on the device already)
