@@ -98,7 +98,14 @@ def decode_step(model):
     return step
 
 
-def _on_lazyxla(model) -> bool:
+def model_on_lazyxla(model) -> bool:
+    """Whether ``model``'s (first) parameter is on the lazyxla device: the models whose library calls lazyxla
+    routes to captured steps (``generate()`` here, ``Trainer.training_step`` in ``frontend/trainer.py``).
+
+    Example::
+
+        model_on_lazyxla(torch.nn.Linear(2, 2).to(lazyxla.device()))    # True
+    """
     try:
         return devices.on_device(next(model.parameters()))
     except StopIteration:
@@ -108,7 +115,7 @@ def _on_lazyxla(model) -> bool:
 def _wants_capture(model, model_kwargs: dict, generation_config) -> bool:
     """``generate()``'s own criteria for a compiled decode step, on a lazyxla model: a compileable cache (not the
     dynamic one), no quantizer that forbids compiling, no ``disable_compile``."""
-    if not config.capture_generate or generation_config.disable_compile or not _on_lazyxla(model):
+    if not config.capture_generate or generation_config.disable_compile or not model_on_lazyxla(model):
         return False
     cache = next((model_kwargs.get(k) for k in _CACHE_NAMES if model_kwargs.get(k) is not None), None)
     decoder = getattr(cache, "self_attention_cache", cache)
@@ -139,12 +146,12 @@ def _patch(modeling) -> None:
         return  # (a transformers without auto-compiled decoding, or patched already)
 
     def _valid_auto_compile_criteria(self, model_kwargs, generation_config):
-        if _on_lazyxla(self):
+        if model_on_lazyxla(self):
             return _wants_capture(self, model_kwargs, generation_config)
         return criteria(self, model_kwargs, generation_config)
 
     def get_compiled_call(self, compile_config):
-        if _on_lazyxla(self):
+        if model_on_lazyxla(self):
             return decode_step(self)
         return compiled_call(self, compile_config)
 

@@ -39,7 +39,7 @@ import weakref
 import torch
 
 from lazyxla.config import config
-from lazyxla.device import devices
+from lazyxla.frontend.generation import model_on_lazyxla
 from lazyxla.lazy.regions import compile as lazyxla_compile
 from lazyxla.lazy.step_world import NUMBERS
 from lazyxla.observe import metrics
@@ -148,13 +148,6 @@ def training_step_capture(trainer) -> _TrainingStep:
     return step
 
 
-def _on_lazyxla(model) -> bool:
-    try:
-        return devices.on_device(next(model.parameters()))
-    except StopIteration:
-        return False
-
-
 def _patch(module) -> None:
     """Route ``Trainer.training_step`` to a captured step for lazyxla models while ``config.capture`` is on."""
     cls = module.Trainer
@@ -163,7 +156,7 @@ def _patch(module) -> None:
     original = _ORIGINAL["training_step"] = cls.training_step
 
     def training_step(self, model: torch.nn.Module, inputs, num_items_in_batch=None):
-        if config.capture and _on_lazyxla(model):
+        if config.capture and model_on_lazyxla(model):
             return training_step_capture(self)(model, inputs, num_items_in_batch)
         return original(self, model, inputs, num_items_in_batch)
 
