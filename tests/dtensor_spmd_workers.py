@@ -8,10 +8,11 @@ STEPS = 4
 
 
 def _layout(dt) -> tuple | None:
-    """The lazyxla partition spec of a DTensor's (global) local tensor, None when replicated."""
+    """The lazyxla partition spec of a DTensor's (global) local tensor, or of a plain tensor; None when
+    replicated."""
     import lazyxla
 
-    got = lazyxla.spmd.get_sharding(dt._local_tensor)
+    got = lazyxla.spmd.get_sharding(getattr(dt, "_local_tensor", dt))
     return None if got is None else tuple(got[1])
 
 
@@ -218,8 +219,21 @@ def fsdp_llama(rank: int, reshard_after_forward: bool = True, mixed: bool = Fals
 # --- tensor and sequence parallel (parallelize_module) ---------------------------------------------------------
 
 
+def _rope_frequencies(head_dim: int, seqlen: int, theta: float = 10000.0) -> torch.Tensor:
+    """torchtitan's ``precompute_freqs_cis``: complex rotations, one per position and frequency."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    return torch.polar(torch.ones(seqlen, head_dim // 2), torch.outer(torch.arange(seqlen), freqs).float())
+
+
+def _rotate(x, freqs_cis):
+    """torchtitan's ``apply_rotary_emb`` for one of q, k: pairs of features as complex numbers, rotated."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, pairs.shape[-1])
+    return torch.view_as_real(pairs * freqs_cis).flatten(3).type_as(x)
+
+
 class _Attention(torch.nn.Module):
-    """torchtitan's attention, without rotary embeddings: q/k/v/o projections, causal SDPA. Heads are counted from
+    """torchtitan's attention: q/k/v/o projections, rotary embeddings (complex), causal SDPA. Heads are counted from
     the projection's width (``-1``), so the module runs on a rank's part of the heads as on all of them."""
 
     def __init__(self, dim: int, n_heads: int) -> None:
@@ -227,9 +241,11 @@ class _Attention(torch.nn.Module):
         self.head_dim = dim // n_heads
         self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
 
-    def forward(self, x):
+    def forward(self, x, freqs_cis):
         bs, seqlen, _ = x.shape
-        q, k, v = (w(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (w(x).view(bs, seqlen, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        q, k = _rotate(q, freqs_cis), _rotate(k, freqs_cis)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
@@ -253,24 +269,26 @@ class _Block(torch.nn.Module):
         self.attention_norm, self.ffn_norm = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
         self.attention, self.feed_forward = _Attention(dim, n_heads), _FeedForward(dim, hidden)
 
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x, freqs_cis):
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
 class _Llama(torch.nn.Module):
-    """A tiny torchtitan-style Llama: token embedding, decoder blocks, final norm, output projection."""
+    """A tiny torchtitan-style Llama: token embedding, decoder blocks (rotary embeddings from a complex buffer),
+    final norm, output projection."""
 
     def __init__(self, vocab: int = 64, dim: int = 32, n_heads: int = 8, hidden: int = 64, layers: int = 2):
         super().__init__()
         self.tok_embeddings = torch.nn.Embedding(vocab, dim)
         self.layers = torch.nn.ModuleList(_Block(dim, n_heads, hidden) for _ in range(layers))
         self.norm, self.output = torch.nn.RMSNorm(dim), torch.nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("freqs_cis", _rope_frequencies(dim // n_heads, 32), persistent=True)
 
     def forward(self, ids):
         h = self.tok_embeddings(ids)
         for layer in self.layers:
-            h = layer(h)
+            h = layer(h, self.freqs_cis)
         return self.output(self.norm(h))
 
 
@@ -306,7 +324,9 @@ def _tp_plan(kind: str) -> dict:
         plan.update(
             {
                 p + "attention_norm": SequenceParallel(),
-                p + "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                p + "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
                 p + "attention.wq": ColwiseParallel(),
                 p + "attention.wk": ColwiseParallel(),
                 p + "attention.wv": ColwiseParallel(),
@@ -386,17 +406,19 @@ def _train_and_measure(model, opt, ref, ref_opt, loss_of, batches, to_device=Non
     out["loss_types"] = sorted({type(v).__name__ for v in losses})
     out["losses"], out["ref_losses"] = [v.cpu().item() for v in losses], ref_losses
     out["compiles"], out["executions"] = compiles, executions
-    params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
-    out["placements"] = {n: str(p.placements) for n, p in params.items()}
+    # a plain parameter beside DTensor ones (a plan that leaves it alone) is its own global tensor
+    params = {n: getattr(p, "_local_tensor", p) for n, p in model.named_parameters()}
+    dtensors, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+    out["placements"] = {n: str(getattr(p, "placements", None)) for n, p in dtensors.items()}
     out["layouts"] = {n: _layout(p) for n, p in params.items()}
-    values = {n: p.full_tensor().cpu() for n, p in params.items()}
+    values = {n: p.detach().cpu() for n, p in params.items()}
     out["param_diffs"] = {n: (v - ref_params[n].detach()).abs().max().item() for n, v in values.items()}
     # tests/test_training.py's tolerance
     close = {n: torch.allclose(v, ref_params[n].detach(), rtol=1e-4, atol=1e-5) for n, v in values.items()}
     out["params_close"] = close
     # per device: the fraction of each parameter's elements its buffer holds, measured from the buffers
     out["fractions"] = {
-        n: sorted({s.data.numel() / p.numel() for s in lazyxla.spmd.local_shards(p._local_tensor)})
+        n: sorted({s.data.numel() / p.numel() for s in lazyxla.spmd.local_shards(p)})
         for n, p in params.items()
     }
     return out
@@ -462,6 +484,58 @@ def fsdp_tp(rank: int) -> dict:
     # data parallel: the global batch split over "dp", as the global view says (a rank's part is its rows)
     to_device = lambda batch: distribute_tensor(batch, mesh["dp"], [Shard(0)]).to_local()  # noqa: E731
     return _train_and_measure(model, opt, ref, ref_opt, _llama_loss, batches, to_device, seq_axis="tp")
+
+
+def _hf_tp_plan(layers: int) -> dict:
+    """The tensor-parallel plan of transformers' Llama (its ``base_model_tp_plan``, written as
+    ``parallelize_module`` styles): q/k/v, gate/up column-wise, o and down row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            plan[p + name] = ColwiseParallel()
+        plan[p + "self_attn.o_proj"] = plan[p + "mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
+def hf_tensor_parallel(rank: int) -> dict:
+    """transformers' tiny Llama (its own attention, real-valued rotary embeddings, grouped KV heads) with tensor
+    parallel over the "tp" dimension of a (4, 2) mesh: 4 AdamW steps against CPU eager. The embeddings, norms and
+    head stay plain tensors, so a foreach step mixes them with DTensors: the error is DTensor's own, as on CUDA,
+    and per-tensor AdamW runs. A mesh over 2 of the 8 devices is refused with what to do instead."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    out: dict = {}
+    try:  # a mesh over some of the devices: not a layout of one program
+        parallelize_module(
+            copy.deepcopy(_tiny_llama()).to(lazyxla.device()), init_device_mesh("lazyxla", (2,)), _hf_tp_plan(2)
+        )
+    except ValueError as e:
+        out["small_mesh_error"] = str(e)
+    ref = _tiny_llama()
+    torch.manual_seed(1)
+    batches = [torch.randint(0, 64, (4, 16)) for _ in range(STEPS)]
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    parallelize_module(model, init_device_mesh("lazyxla", (4, 2), mesh_dim_names=("dp", "tp"))["tp"], _hf_tp_plan(2))
+    loss_of = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    try:  # foreach over DTensor and plain parameters
+        loss_of(model, batches[0].to(lazyxla.device())).backward()
+        torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True).step()
+    except RuntimeError as e:
+        out["mixed_foreach_error"] = str(e)
+    model.zero_grad(set_to_none=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    out.update(_train_and_measure(model, opt, ref, ref_opt, loss_of, batches, seq_axis="tp"))
+    return out
 
 
 def fsdp_captured(rank: int, steps: int = 5) -> dict:

@@ -117,6 +117,15 @@ def test_from_local_of_a_users_tensor_and_to_local_are_the_global_value_and_diff
     assert run["grad_type"] == "Tensor" and run["grad"] < 1e-5
 
 
+def _assert_llama_parameters_as_cpu(run) -> None:
+    """A Llama's parameters after 4 AdamW steps under tensor parallel: tests/test_training.py's rule for all but at most
+    one. Measured: first-step gradients equal CPU's within 3e-9, but one element's is ~1e-8, where AdamW's
+    ``lr * g / (|g| + eps)`` turns summation-order noise (the complex rotary products, the partial sums over the
+    devices) into up to ~1e-4 of that parameter at lr 1e-2."""
+    assert max(run["param_diffs"].values()) < 2e-4, run["param_diffs"]
+    assert sum(not close for close in run["params_close"].values()) <= 1, run["param_diffs"]
+
+
 @pytest.fixture(scope="module", params=["mlp", "llama"])
 def tp(request):
     (out,) = lazyxla.spawn(W.tensor_parallel, args=(request.param,), nprocs=1, cpu_devices=8, timeout_s=280)
@@ -142,10 +151,13 @@ def test_parallelize_module_lays_weights_out_as_the_plan_says(tp):
 
 
 def test_tensor_parallel_trains_as_cpu_eager_in_one_program_per_step(tp):
-    _, run = tp
+    kind, run = tp
     assert run["loss_types"] == ["Tensor"]  # the loss is a user's tensor (the output's use_local_output)
     torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
-    assert all(run["params_close"].values()), run["param_diffs"]
+    if kind == "mlp":
+        assert all(run["params_close"].values()), run["param_diffs"]
+    else:
+        _assert_llama_parameters_as_cpu(run)
     assert run["executions"] == [1] * 4  # forward, backward and AdamW: one program
     assert run["compiles"][2:] == [0, 0], run["compiles"]
 
@@ -165,9 +177,22 @@ def test_fsdp2_over_tensor_parallel_on_a_2d_mesh_trains_as_cpu_eager():
         assert run["fractions"][name] == ([0.5] if layout == ("dp",) else [0.125]), (name, run["fractions"][name])
     assert run["batch_sharded"] > 0 and run["sequence_sharded"] > 0  # data over "dp", sequence over "tp"
     torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
-    assert all(run["params_close"].values()), run["param_diffs"]
+    _assert_llama_parameters_as_cpu(run)
     assert run["executions"] == [1] * 4
     assert run["compiles"][2:] == [0, 0], run["compiles"]
+
+
+def test_transformers_llama_under_tensor_parallel_trains_as_cpu_eager_and_mixes_are_refused_by_name():
+    (run,) = lazyxla.spawn(W.hf_tensor_parallel, nprocs=1, cpu_devices=8, timeout_s=280)
+    assert "spans all 8 devices" in run["small_mesh_error"] and "mesh_dim_names" in run["small_mesh_error"]
+    # DTensor's own error, not a device mismatch naming lazyxla:0 twice
+    assert "mixed torch.Tensor and DTensor" in run["mixed_foreach_error"], run["mixed_foreach_error"]
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=1e-4, atol=1e-5)
+    _assert_llama_parameters_as_cpu(run)  # measured: k_proj's 2.5e-5, the rest within the rule
+    assert run["placements"]["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)"
+    assert run["layouts"]["model.layers.0.self_attn.k_proj.weight"] == ("tp", None)  # the 2 KV heads over "tp"
+    assert run["fractions"]["model.layers.1.mlp.down_proj.weight"] == [0.5]
+    assert run["executions"] == [1] * 4 and run["compiles"][2:] == [0, 0], (run["executions"], run["compiles"])
 
 
 def test_capture_of_an_fsdp2_step_records_it_and_says_why():

@@ -63,6 +63,11 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if len(types) != 1 and not all(issubclass(t, LazyTensor) for t in types):
+            # another subclass among the arguments (a DTensor beside a bare local tensor: a user's plain parameter in
+            # a foreach step over DTensor ones): its own ``__torch_dispatch__`` decides (DTensor's error names the
+            # mix), as for CUDA, where a plain tensor has no dispatch of its own to get in first
+            return NotImplemented
         if _watched:
             _watch(args, kwargs)
         if _inference_enabled() and _is_view_copy(func):

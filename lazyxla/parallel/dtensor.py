@@ -176,6 +176,15 @@ def mesh_of(mesh) -> tuple[spmd.Mesh, tuple[str, ...]]:
     """
     root = torch_private.root_mesh(mesh)
     names = _axis_names(root)
+    if root.mesh.numel() != spmd.device_count():
+        # one program spans every device of the run, so each array's layout does too (XLA's partitioner has no
+        # "these 2 of 8 devices"); a mesh over some devices would be a sub-mesh of a mesh over all of them
+        raise ValueError(
+            f"DTensor in SPMD mode: the DeviceMesh {root} has {root.mesh.numel()} devices, but a lazyxla mesh in "
+            f"SPMD mode spans all {spmd.device_count()} devices of the run. Make a mesh over all of them and use one "
+            f"of its dimensions, e.g. init_device_mesh('lazyxla', (dp, tp), mesh_dim_names=('dp', 'tp'))['tp'] "
+            f"with dp * tp == {spmd.device_count()}"
+        )
     m = _lazyxla_mesh(tuple(root.mesh.reshape(-1).tolist()), tuple(root.mesh.shape), names)
     if root is mesh:
         return m, names
