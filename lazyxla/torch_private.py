@@ -651,7 +651,11 @@ _DTENSOR_CONVERSIONS = {
     "dcp_dist_wrapper_init": ("torch.distributed.checkpoint.utils", "_DistWrapper.__init__", "method"),
     # DCP's default load planner: the tensor a read item is copied into (a view of the state dict's tensor), and
     # what is done with it after the copy (nothing, for a view)
-    "dcp_resolve_tensor": ("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner.resolve_tensor", "method"),
+    "dcp_resolve_tensor": (
+        "torch.distributed.checkpoint.default_planner",
+        "DefaultLoadPlanner.resolve_tensor",
+        "method",
+    ),
     "dcp_commit_tensor": ("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner.commit_tensor", "method"),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too

@@ -177,15 +177,31 @@ def _replica_batch(batch, rank: int, n: int, dev):
     return tuple(t.chunk(n)[rank].to(dev) for t in batch)
 
 
+def local_state(model, opt) -> dict:
+    """``cpu_state``'s keys, each this rank's part (a DTensor's local shard; other tensors whole), on the CPU."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    def mine(v):
+        v = v.to_local() if hasattr(v, "to_local") else v
+        return v.detach().cpu().clone()
+
+    msd, osd = get_state_dict(model, opt)
+    out = {f"model.{k}": mine(v) for k, v in msd.items()}
+    for fqn, state in osd["state"].items():
+        out.update({f"optim.state.{fqn}.{k}": mine(v) for k, v in state.items()})
+    return out
+
+
 def replica_save(rank: int, folder: str, steps: int) -> dict:
     """Replicas: FSDP2 over ``init_process_group("lazyxla")``'s ranks, ``steps`` AdamW steps (each rank on its rows
-    of the batch), ``dcp.save``; this rank's losses and (rank 0) the whole saved state."""
+    of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
     import lazyxla
+    from lazyxla.parallel.atomic_checkpoint import AtomicFileSystemWriter
 
     dist.init_process_group("lazyxla")
     n = dist.get_world_size()
@@ -193,15 +209,15 @@ def replica_save(rank: int, folder: str, steps: int) -> dict:
     model, opt, loss_fn, batches = _fresh("mlp", dev, init_device_mesh("lazyxla", (n,)))
     losses = train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[:steps]])
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=folder)
-    state = cpu_state(model, opt)
+    dcp.save({"model": msd, "optim": osd}, storage_writer=AtomicFileSystemWriter(folder))
+    state = local_state(model, opt)
     dist.destroy_process_group()
-    return {"losses": losses, "state": state if rank == 0 else None}
+    return {"losses": losses, "state": state}
 
 
-def replica_resume(rank: int, folder: str, steps: int) -> dict:
-    """Replicas: a fresh FSDP2 model loads the checkpoint in ``folder`` at this world size, then trains ``steps``
-    AdamW steps on the last batches; the loaded and final state (rank 0, whole) and this rank's losses."""
+def replica_load(rank: int, folder: str) -> dict:
+    """Replicas: a fresh FSDP2 model (other values) loads the checkpoint in ``folder`` at this world size
+    (``dcp.load`` into ``get_state_dict``'s dicts, then ``set_state_dict``); this rank's part of the loaded state."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -211,40 +227,14 @@ def replica_resume(rank: int, folder: str, steps: int) -> dict:
 
     dist.init_process_group("lazyxla")
     n = dist.get_world_size()
-    dev = lazyxla.device()
-    model, opt, loss_fn, batches = _fresh("mlp", dev, init_device_mesh("lazyxla", (n,)))
+    model, opt, _, _ = _fresh("mlp", lazyxla.device(), init_device_mesh("lazyxla", (n,)))
     _perturb(model)
     msd, osd = get_state_dict(model, opt)
     dcp.load({"model": msd, "optim": osd}, checkpoint_id=folder)
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
-    loaded = cpu_state(model, opt)
-    losses = train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[4 - steps :]])
-    final = cpu_state(model, opt)
+    state = local_state(model, opt)
     dist.destroy_process_group()
-    return {"losses": losses, "loaded": loaded if rank == 0 else None, "final": final if rank == 0 else None}
-
-
-def kill_after_first_file(rank: int, folder: str, victim: int) -> None:
-    """Replicas: save again into ``folder``, rank ``victim`` SIGKILLing itself once it has written its first data
-    file (a deterministic point mid-save: other ranks may be writing theirs, rank 0 has not written the metadata)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-
-    import lazyxla
-
-    dist.init_process_group("lazyxla")
-    n = dist.get_world_size()
-    dev = lazyxla.device()
-    model, opt, loss_fn, batches = _fresh("mlp", dev, init_device_mesh("lazyxla", (n,)))
-    _perturb(model)  # other values than the checkpoint in the folder
-    train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[:1]])
-    msd, osd = get_state_dict(model, opt)
-    if rank == victim:
-        _die_after_first_file()
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=folder)
-    dist.destroy_process_group()
+    return {"state": state}
 
 
 def _die_after_first_file() -> None:
