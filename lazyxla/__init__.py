@@ -37,6 +37,7 @@ from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode
 from lazyxla.lazy.barrier import optimization_barrier_
 from lazyxla.lazy.graph import SyncReport, sync, wait_device_ops
 from lazyxla.lazy.regions import CompileRegionError, compile
+from lazyxla.parallel import checkpoint as _checkpoint  # noqa: F401  (DCP of global DTensors, with SPMD mode)
 from lazyxla.parallel import dtensor as _dtensor  # noqa: F401  (installs itself when SPMD mode is turned on)
 from lazyxla.parallel import process_group as _process_group
 from lazyxla.parallel.buckets import Buckets

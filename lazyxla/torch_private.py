@@ -643,6 +643,20 @@ _DTENSOR_CONVERSIONS = {
         "FSDPParam.all_gather_inputs",
         "property",
     ),
+    # distributed checkpoint (parallel/checkpoint.py): the chunk of a DTensor this rank writes (its offsets and
+    # sizes, from the mesh coordinate and local shape) and reads into; whether a save or load runs over the process
+    # group (DCP's object collectives) or as one process
+    "dcp_write_items": ("torch.distributed.tensor._api", "DTensor.__create_write_items__", "method"),
+    "dcp_chunk_list": ("torch.distributed.tensor._api", "DTensor.__create_chunk_list__", "method"),
+    "dcp_dist_wrapper_init": ("torch.distributed.checkpoint.utils", "_DistWrapper.__init__", "method"),
+    # DCP's default load planner: the tensor a read item is copied into (a view of the state dict's tensor), and
+    # what is done with it after the copy (nothing, for a view)
+    "dcp_resolve_tensor": (
+        "torch.distributed.checkpoint.default_planner",
+        "DefaultLoadPlanner.resolve_tensor",
+        "method",
+    ),
+    "dcp_commit_tensor": ("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner.commit_tensor", "method"),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
 _ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch", "torch.distributed.tensor._api")}

@@ -240,7 +240,13 @@ class LazyxlaProcessGroup(ProcessGroup):
     def gather(self, output_lists, inputs, opts=None):
         """``dist.gather``: every rank gathers (one program for all); the root's output lists take it."""
         if not _on_device(inputs):
-            raise NotImplementedError("gather of CPU tensors on the lazyxla process group: use gloo")
+            # CPU tensors (gather_object: torch.distributed.checkpoint's plans) go through the host exchange
+            self._host("gather")
+            values = self._exchange([x.clone() for x in inputs])
+            if self._root(opts):
+                for i, outputs in enumerate(output_lists):
+                    _copy_into(outputs, [v[i] for v in values])
+            return done(output_lists if self._root(opts) else [[]])
         gathered = [all_gather(x.unsqueeze(0), 0, groups=self._groups()) for x in inputs]
         sync()  # the collective's program ends here: what follows differs between ranks
         if not self._root(opts):
@@ -253,9 +259,14 @@ class LazyxlaProcessGroup(ProcessGroup):
         """``dist.scatter``: the root's piece ``j`` goes to rank ``j``: a sum over ranks where only the root
         contributes (the others' pieces are masked to zeros by a value, not by the program's shape, so every
         rank runs the same program)."""
-        if not _on_device(outputs):
-            raise NotImplementedError("scatter of CPU tensors on the lazyxla process group: use gloo")
         root = self._root(opts)
+        if not _on_device(outputs):
+            # CPU tensors (scatter_object_list: torch.distributed.checkpoint's plans) through the host exchange
+            self._host("scatter")
+            values = self._exchange([[p.clone() for p in pieces] for pieces in input_lists] if root else [])
+            sent = next(v for v in values if v)  # the root's pieces (the others sent none)
+            _copy_into(outputs, [pieces[self.rank()] for pieces in sent])
+            return done(outputs)
         pieces = input_lists if root else [[out] * self._size for out in outputs]
         sync()  # every rank's pieces become plain device values: the same program on every rank
         for out, mine in zip(outputs, pieces):
