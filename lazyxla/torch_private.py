@@ -657,6 +657,9 @@ _DTENSOR_CONVERSIONS = {
         "method",
     ),
     "dcp_commit_tensor": ("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner.commit_tensor", "method"),
+    # DTensor's random ops: the tracker that moves each rank's generator offset to its shard's part of the stream
+    "rng_tracker_init": ("torch.distributed.tensor._random", "OffsetBasedRNGTracker.__init__", "method"),
+    "rng_distribute_region": ("torch.distributed.tensor._random", "OffsetBasedRNGTracker._distribute_region", "method"),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
 _ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch", "torch.distributed.tensor._api")}

@@ -418,8 +418,7 @@ def _train_and_measure(model, opt, ref, ref_opt, loss_of, batches, to_device=Non
     out["params_close"] = close
     # per device: the fraction of each parameter's elements its buffer holds, measured from the buffers
     out["fractions"] = {
-        n: sorted({s.data.numel() / p.numel() for s in lazyxla.spmd.local_shards(p)})
-        for n, p in params.items()
+        n: sorted({s.data.numel() / p.numel() for s in lazyxla.spmd.local_shards(p)}) for n, p in params.items()
     }
     return out
 
@@ -535,6 +534,40 @@ def hf_tensor_parallel(rank: int) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
     out.update(_train_and_measure(model, opt, ref, ref_opt, loss_of, batches, seq_axis="tp"))
+    return out
+
+
+def random_ops(rank: int) -> dict:
+    """Random ops on DTensors in SPMD mode (dropout, ``init.trunc_normal_`` as torchtitan initializes weights, a
+    factory under a TP module's dropout): each against the same op on the plain global tensor under the same seed,
+    which is what DTensor's offset tracker gives on CUDA (shards of one draw, replicas equal)."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dev = lazyxla.device()
+    mesh = init_device_mesh("lazyxla", (2, 4), mesh_dim_names=("dp", "tp"))
+    out: dict = {}
+
+    def draws(make):  # dropout, truncated-normal init, then a plain draw: the generator's advance shows in it
+        torch.manual_seed(7)
+        dropped = torch.nn.functional.dropout(make(torch.ones(16, 8, device=dev)), 0.5)
+        weight = torch.nn.init.trunc_normal_(make(torch.empty(16, 8, device=dev)), std=0.02)
+        full = [getattr(t, "full_tensor", lambda t=t: t)().cpu() for t in (dropped, weight)]
+        return full + [torch.rand(4, device=dev).cpu()]
+
+    plain = draws(lambda t: t)
+    out["kept"], out["rows"] = (plain[0] != 0).float().mean().item(), len({tuple(r.tolist()) for r in plain[1]})
+    for name, placements in {"shard": [Shard(0), Shard(1)], "replicate": [Replicate(), Replicate()]}.items():
+        got = draws(lambda t, p=placements: distribute_tensor(t, mesh, p))
+        out[name] = [bool((a == b).all()) for a, b in zip(got, plain)]
+    # without DTensor: a new tensor annotated over two mesh axes, then dropout (its mask's layout is XLA's choice,
+    # which jax must name on a mesh with both axes)
+    two_d = lazyxla.spmd.Mesh(list(range(8)), (2, 4), ("a", "b"))
+    got = draws(lambda t: lazyxla.spmd.mark_sharding(t, two_d, ("a", "b")))
+    out["annotated"] = [bool((a == b).all()) for a, b in zip(got, plain)]
     return out
 
 

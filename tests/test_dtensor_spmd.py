@@ -195,6 +195,14 @@ def test_transformers_llama_under_tensor_parallel_trains_as_cpu_eager_and_mixes_
     assert run["executions"] == [1] * 4 and run["compiles"][2:] == [0, 0], (run["executions"], run["compiles"])
 
 
+def test_random_ops_on_dtensors_draw_the_global_tensor_as_the_plain_op_does():
+    (run,) = lazyxla.spawn(W.random_ops, nprocs=1, cpu_devices=8, timeout_s=280)
+    assert 0.3 < run["kept"] < 0.7 and run["rows"] == 16  # the plain ops drew
+    assert run["shard"] == [True, True, True], run  # dropout, init, and the generator's next draw
+    assert run["replicate"] == [True, True, True], run
+    assert run["annotated"] == [True, True, True], run  # mark_sharding of a new tensor over (2, 4), then dropout
+
+
 def test_capture_of_an_fsdp2_step_records_it_and_says_why():
     """Whole-step capture does not replay steps over DTensors yet: it must not switch FSDP2's AdamW to capturable
     (plain device step counters meeting DTensor states fail functionalization) nor fail; it records each call, with

@@ -47,7 +47,7 @@ from lazyxla.ir import digest
 from lazyxla.lowering import replica
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import metrics
-from lazyxla.ops import REPLICA_OPS
+from lazyxla.ops import REPLICA_OPS, ops
 from lazyxla.util import Memo, atomic_write, remove_stale_temps, warn_once
 
 _cache: collections.OrderedDict = collections.OrderedDict()  # least recently used first
@@ -261,7 +261,7 @@ def _lower(order, leaves, roots, layout: ArgLayout, donate: tuple[int, ...], dev
         fn = jax.jit(body, donate_argnums=donate)
         # (an input without a buffer stands in for a pending value, ``graph.prepare``: lowered replicated)
         shardings = [None if leaves[i].payload is None else leaves[i].payload.sharding for i in layout.data]
-        replicated = _replicated_like(shardings)
+        replicated = _replicated_like(shardings, order)
         shardings = [replicated if s is None or s.is_fully_replicated else s for s in shardings]
         return fn.lower(*layout.specs(leaves, replicated, shardings))
     sharding = jax.sharding.SingleDeviceSharding(dev)
@@ -289,17 +289,22 @@ def _uneven_layouts(fn, leaves, roots, layout: ArgLayout):
     return constrained
 
 
-def _replicated_like(shardings: list) -> jax.sharding.NamedSharding:
+def _replicated_like(shardings: list, order=()) -> jax.sharding.NamedSharding:
     """The layout a replicated argument of an SPMD program is lowered with: replicated over the mesh of its
-    first argument split over a mesh (else over every device; the same layout either way).
+    first argument split over a mesh, else of its first sharding annotation (``mark_sharding`` of a pending value,
+    a DTensor made from a new tensor), else over every device (the same layout either way).
 
     jax names the layouts XLA's partitioner chose for the outputs on the mesh of the program's first argument;
     a 1-D mesh of all devices cannot name one split over two mesh axes (a 2-D GPT's attention output kept
-    alive: jax raised IndivisibleError at compile).
+    alive; dropout's mask of a new tensor annotated over a (2, 4) mesh: jax raised IndivisibleError at compile).
     """
     for s in shardings:
         if isinstance(s, jax.sharding.NamedSharding) and not s.is_fully_replicated:
             return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
+    for node in order:  # (only programs with no split argument get here: few, and most have no annotation)
+        if node.op is ops.shard.default:
+            layout = meshes.named_sharding(*node.template[0][1:3])
+            return jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec())
     return devices.replicated()
 
 

@@ -580,6 +580,35 @@ def _use_stream(stream) -> Iterator[None]:
     yield  # one program order for every stream
 
 
+# --- random ops ------------------------------------------------------------------------------------
+#
+# On CUDA, DTensor's ``OffsetBasedRNGTracker`` moves each rank's Philox offset to its shard's place in the whole
+# tensor's stream, so the shards of one draw differ and replicas agree. Under the global view one program draws the
+# whole tensor once, which is that already: the tracker leaves a global mesh's draws alone (no state sync over the
+# world, no offsets), and the lazyxla generator advances as for any draw.
+
+
+def _rng_tracker_init(original: Callable) -> Callable:
+    def init(self, device_mesh, run_state_sync: bool = True, *args, **kwargs):
+        # one process holds every rank's state: nothing to synchronize
+        original(self, device_mesh, False if is_global(device_mesh) else run_state_sync, *args, **kwargs)
+        self._lazyxla_global = is_global(device_mesh)
+
+    return init
+
+
+def _rng_distribute_region(original: Callable) -> Callable:
+    @contextlib.contextmanager
+    def distribute_region(self, spec, generator=None):
+        if getattr(self, "_lazyxla_global", False) and is_global(spec.mesh):
+            yield  # the op draws the global tensor, with the generator's own advance
+            return
+        with original(self, spec, generator):
+            yield
+
+    return distribute_region
+
+
 def install() -> None:
     """Make DTensors on ``lazyxla`` meshes hold global tensors in SPMD mode (``lazyxla.spmd.enable()`` calls it).
 
@@ -607,6 +636,8 @@ def install() -> None:
             "fsdp_to_sharded_dtensor": _fsdp_to_sharded_dtensor,
             "fsdp_all_gather_inputs": _fsdp_all_gather_inputs,
             "fsdp_free_unsharded_param": _fsdp_free_unsharded_param,
+            "rng_tracker_init": _rng_tracker_init,
+            "rng_distribute_region": _rng_distribute_region,
         }
     )
     _ensure_stream_api()
