@@ -354,8 +354,11 @@ def _fused_step(name: str):
 
 
 def _subclass_of_its_own(tensors) -> bool:
-    """Whether the first of ``tensors`` is a tensor subclass other than lazyxla's own (a DTensor)."""
-    return bool(tensors) and type(tensors[0]) is not torch.Tensor and not isinstance(tensors[0], LazyTensor)
+    """Whether the first of ``tensors`` is a tensor subclass with a dispatch of its own, other than lazyxla's (a
+    DTensor; not a Parameter)."""
+    first = tensors[0] if tensors else None
+    dispatch = getattr(type(first), "__torch_dispatch__", None)
+    return dispatch not in (None, torch.Tensor.__torch_dispatch__) and not isinstance(first, LazyTensor)
 
 
 _AUTOGRAD_BLOCK_DIAG = torch_private.computed_kernel("aten::block_diag", "AutogradPrivateUse1")
