@@ -660,6 +660,14 @@ _DTENSOR_CONVERSIONS = {
     # DTensor's random ops: the tracker that moves each rank's generator offset to its shard's part of the stream
     "rng_tracker_init": ("torch.distributed.tensor._random", "OffsetBasedRNGTracker.__init__", "method"),
     "rng_distribute_region": ("torch.distributed.tensor._random", "OffsetBasedRNGTracker._distribute_region", "method"),
+    # FSDP2: a parameter group's gradients after backward (reduced, or added to the sharded gradients held)
+    "fsdp_post_backward": (
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+        "FSDPParamGroup.post_backward",
+        "method",
+    ),
+    # Adam's (and AdamW's) state made for each parameter with a gradient: its step counters among it
+    "adam_init_group": ("torch.optim.adam", "Adam._init_group", "method"),
 }
 # modules that bind redistribute_local_tensor by name (from ... import), each replaced too
 _ALSO_BOUND = {"redistribute_local_tensor": ("torch.distributed.tensor._dispatch", "torch.distributed.tensor._api")}

@@ -285,15 +285,23 @@ class _Llama(torch.nn.Module):
         self.norm, self.output = torch.nn.RMSNorm(dim), torch.nn.Linear(dim, vocab, bias=False)
         self.register_buffer("freqs_cis", _rope_frequencies(dim // n_heads, 32), persistent=True)
 
+    checkpoint = False  # activation checkpointing by torch.utils.checkpoint.checkpoint around each block
+
     def forward(self, ids):
+        from torch.utils.checkpoint import checkpoint
+
         h = self.tok_embeddings(ids)
         for layer in self.layers:
-            h = layer(h, self.freqs_cis)
+            h = (
+                checkpoint(layer, h, self.freqs_cis, use_reentrant=False)
+                if self.checkpoint
+                else layer(h, self.freqs_cis)
+            )
         return self.output(self.norm(h))
 
 
 def _llama_loss(model, ids):
-    logits = model(ids)
+    logits = model(ids).float()  # (as torchtitan: the loss in fp32, bf16 logits included)
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
@@ -596,4 +604,154 @@ def fsdp_captured(rank: int, steps: int = 5) -> dict:
         if captured:
             out["status"] = step.capture_status
             out["capturable"] = [group.get("capturable", False) for group in opt.param_groups]
+    return out
+
+
+# --- FSDP2 training recipes: activation checkpointing, gradient accumulation, AdamW variants, clipping -----------
+
+RECIPES = {
+    # checkpoint_wrapper on each block before fully_shard, fused AdamW, 3 micro-batches with
+    # set_requires_gradient_sync(False) on all but the last, zero_grad() first, clip_grad_norm_
+    "wrapper_fused_sync": dict(
+        checkpoint="wrapper", mixed=False, optimizer="fused", micro=3, sync=True, zero_first=True, clip=0.5
+    ),
+    # torch.utils.checkpoint.checkpoint(block, x) in the forward, the user's AdamW(capturable=True), plain
+    # accumulation over 2 micro-batches, zero_grad() last
+    "function_capturable_plain": dict(
+        checkpoint="function", mixed=False, optimizer="capturable", micro=2, sync=False, zero_first=False, clip=None
+    ),
+    # bf16 parameters in the step with fp32 gradient reduction, plain accumulation over 4 micro-batches, foreach
+    # AdamW, clip_grad_norm_, zero_grad() first
+    "mixed_foreach_plain": dict(
+        checkpoint=None, mixed=True, optimizer="foreach", micro=4, sync=False, zero_first=True, clip=1.0
+    ),
+}
+
+
+def _recipe_step(model, opt, batch, recipe, to_device, sync_model=None, low=None):
+    """One optimizer step over ``recipe["micro"]`` micro-batches of ``batch``; returns (summed loss, grad norm).
+    ``sync_model``: FSDP's root, told to reduce only on the last micro-batch (``recipe["sync"]``). ``low``: the
+    CPU reference of mixed precision (a bf16 copy whose gradients are added in fp32 into ``model``'s)."""
+    if recipe["zero_first"]:
+        opt.zero_grad()
+    micro, total = recipe["micro"], 0.0
+    if low is not None:
+        with torch.no_grad():
+            for lo, hi in zip(low.parameters(), model.parameters()):
+                lo.copy_(hi)
+    for i, part in enumerate(batch.chunk(micro)):
+        if sync_model is not None and recipe["sync"]:
+            sync_model.set_requires_gradient_sync(i == micro - 1)
+        loss = _llama_loss(low if low is not None else model, to_device(part)) / micro
+        loss.backward()
+        total = total + loss.detach().float()
+        if low is not None:  # FSDP casts each micro-batch's bf16 gradient to fp32 before adding it up
+            for lo, hi in zip(low.parameters(), model.parameters()):
+                hi.grad = lo.grad.float() if hi.grad is None else hi.grad + lo.grad.float()
+                lo.grad = None
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip"]) if recipe["clip"] else None
+    opt.step()
+    if not recipe["zero_first"]:
+        opt.zero_grad()
+    return total, norm
+
+
+def _fractions(tensors: dict) -> dict:
+    """Per device: the fraction of each DTensor's elements its device buffer holds (measured from the buffers)."""
+    import lazyxla
+
+    return {
+        n: sorted({s.data.numel() / t.numel() for s in lazyxla.spmd.local_shards(t._local_tensor)})
+        for n, t in tensors.items()
+    }
+
+
+def fsdp_recipe(rank: int, name: str) -> dict:
+    """FSDP2 (``fully_shard`` per block and at the root) over ``init_device_mesh("lazyxla", (8,))`` in SPMD mode,
+    trained 4 steps by ``RECIPES[name]`` on the tiny torchtitan-style Llama (int64 token ids), against the same
+    recipe in CPU eager; losses, gradient norms, parameter differences, programs and compiles per step, block
+    forwards run (checkpointing runs each twice), per-device fractions of parameters, gradients and AdamW state."""
+    import copy
+
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    recipe = RECIPES[name]
+    torch.manual_seed(0)
+    ref = _Llama()
+    model = copy.deepcopy(ref).to(lazyxla.device())
+    forwards = [0]  # the blocks' forwards run (checkpointing runs each again in backward)
+    for layer in model.layers:
+        layer.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    if recipe["checkpoint"] == "wrapper":  # (the reference too: the wrapper is in the parameters' names)
+        for m in (model, ref):
+            for i, layer in enumerate(m.layers):
+                m.layers[i] = checkpoint_wrapper(layer)
+    mesh = init_device_mesh("lazyxla", (8,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if recipe["mixed"] else None
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy or MixedPrecisionPolicy())
+    fully_shard(model, mesh=mesh, mp_policy=policy or MixedPrecisionPolicy())
+    # (AdamW moves an element by about lr whatever its gradient's size: at 1e-2 one element of a weight whose
+    # gradient is near 0 ends 4e-5 from the CPU's, with or without these recipes)
+    lr, kind = 1e-3, recipe["optimizer"]
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=lr,
+        foreach=kind != "fused" or None,
+        fused=kind == "fused" or None,
+        capturable=kind == "capturable",
+    )
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, foreach=True)
+    low = copy.deepcopy(ref).to(torch.bfloat16) if recipe["mixed"] else None
+    model.checkpoint = ref.checkpoint = recipe["checkpoint"] == "function"
+    torch.manual_seed(1)
+    batches = [torch.randint(0, 64, (8, 16)) for _ in range(STEPS)]
+
+    out: dict = {"ids_dtype": str(batches[0].dtype)}
+    lazyxla.sync()
+    losses, norms, compiles, executions = [], [], [], []
+    ref_losses, ref_norms = [], []
+    for batch in batches:
+        before = lazyxla.metrics.counters()
+        loss, norm = _recipe_step(model, opt, batch, recipe, lambda b: b.to(lazyxla.device()), sync_model=model)
+        losses.append(loss)
+        norms.append(norm)
+        lazyxla.sync()
+        after = lazyxla.metrics.counters()
+        compiles.append(after["compiles"] - before["compiles"])
+        executions.append(after["executions"] - before["executions"])
+        loss, norm = _recipe_step(ref, ref_opt, batch, recipe, lambda b: b, low=low)
+        ref_losses.append(loss.item())
+        ref_norms.append(None if norm is None else norm.item())
+    out["losses"], out["ref_losses"] = [v.cpu().item() for v in losses], ref_losses
+    out["norm_types"] = sorted({type(n).__name__ for n in norms})
+    out["norms"] = [None if n is None else n.full_tensor().cpu().item() for n in norms]
+    out["ref_norms"] = ref_norms
+    out["compiles"], out["executions"] = compiles, executions
+    out["forwards"] = forwards[0]
+    params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+    names = list(ref_params)
+    out["fsdp_names"] = sorted(params) == sorted(ref_params)  # (checkpoint_wrapper keeps the parameter names)
+    values = {n: params[n].full_tensor().cpu() for n in names}
+    out["param_diffs"] = {n: (values[n] - ref_params[n].detach()).abs().max().item() for n in names}
+    out["params_close"] = {n: torch.allclose(values[n], ref_params[n].detach(), rtol=1e-4, atol=1e-5) for n in names}
+    out["param_dtypes"] = sorted({str(p.dtype) for p in params.values()})
+    out["fractions"] = {"params": _fractions({n: params[n] for n in names})}
+    if recipe["zero_first"]:  # the last step's gradients are still held
+        grads = {n: params[n].grad for n in names}
+        out["grad_types"] = sorted({type(g).__name__ for g in grads.values()})
+        out["grad_dtypes"] = sorted({str(g.dtype) for g in grads.values()})
+        out["fractions"]["grads"] = _fractions(grads)
+    state = [opt.state[params[n]] for n in names]
+    for key in ("exp_avg", "exp_avg_sq"):
+        out["fractions"][key] = _fractions({n: s[key] for n, s in zip(names, state)})
+    out["steps"] = sorted({(type(s["step"]).__name__, str(getattr(s["step"], "placements", None))) for s in state})
+    out["step_values"] = sorted(
+        {float(s["step"].full_tensor().cpu() if hasattr(s["step"], "full_tensor") else s["step"]) for s in state}
+    )
     return out

@@ -211,3 +211,49 @@ def test_capture_of_an_fsdp2_step_records_it_and_says_why():
     assert out["captured"] == out["lazy"]
     assert "is a DTensor (FSDP2, tensor parallel): capture does not replay" in out["status"], out["status"]
     assert out["capturable"] == [False]
+
+
+# --- FSDP2 training recipes: activation checkpointing, gradient accumulation, AdamW fused / capturable, clipping --
+
+
+@pytest.fixture(scope="module", params=list(W.RECIPES))
+def recipe(request):
+    (out,) = lazyxla.spawn(W.fsdp_recipe, args=(request.param,), nprocs=1, cpu_devices=8, timeout_s=280)
+    return W.RECIPES[request.param], out
+
+
+def test_fsdp2_recipes_train_as_cpu_eager_in_one_program_per_step(recipe):
+    """Checkpointed blocks (torch.utils.checkpoint and checkpoint_wrapper), micro-batches accumulated with and without
+    set_requires_gradient_sync, fused, capturable and foreach AdamW, clip_grad_norm_, both zero_grad idioms, int64
+    token ids, bf16 parameters with fp32 reductions: losses, gradient norms and parameters as CPU eager."""
+    r, run = recipe
+    assert run["ids_dtype"] == "torch.int64" and run["fsdp_names"]
+    rtol = 1e-3 if r["mixed"] else 1e-4  # bf16 forwards round differently on XLA and on the CPU
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=rtol, atol=1e-5)
+    if r["clip"]:
+        assert run["norm_types"] == ["DTensor"]
+        torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(run["ref_norms"]), rtol=rtol, atol=1e-5)
+    if r["mixed"]:  # AdamW moves a parameter by at most lr (1e-3) a step
+        assert max(run["param_diffs"].values()) < 4e-3, run["param_diffs"]
+    else:
+        assert all(run["params_close"].values()), run["param_diffs"]
+    assert run["param_dtypes"] == ["torch.float32"]
+    # checkpointing ran each block's forward again in backward
+    assert run["forwards"] == W.STEPS * r["micro"] * 2 * (2 if r["checkpoint"] else 1)
+    assert run["executions"] == [1] * W.STEPS  # micro-batches, reduction, clipping and AdamW: one program
+    assert run["compiles"][2:] == [0] * (W.STEPS - 2), run["compiles"]
+
+
+def test_fsdp2_recipes_hold_an_eighth_of_parameters_gradients_and_adamw_state_per_device(recipe):
+    r, run = recipe
+    expected = {"params", "exp_avg", "exp_avg_sq"} | ({"grads"} if r["zero_first"] else set())
+    assert set(run["fractions"]) == expected
+    for kind, fractions in run["fractions"].items():  # measured from the device buffers
+        for name, held in fractions.items():
+            assert held == [0.125], (kind, name, held)
+    if r["zero_first"]:  # the gradients held between steps: sharded, in the parameters' dtype
+        assert run["grad_types"] == ["DTensor"] and run["grad_dtypes"] == ["torch.float32"]
+    # fused and capturable AdamW keep step counters on the device: replicated DTensors of the parameters' mesh
+    on_device = r["optimizer"] in ("fused", "capturable")
+    assert run["steps"] == ([("DTensor", "(Replicate(),)")] if on_device else [("Tensor", "None")])
+    assert run["step_values"] == [float(W.STEPS)]

@@ -314,7 +314,10 @@ def _copying_contiguous(contiguous):
 # PyTorch's INTERNAL ASSERT "mutating a non-functional tensor with a functional tensor" (and _fused_sgd_ and
 # _fused_adagrad_ have no meta kernel for functionalization's shape check). On lazyxla tensors these kernels,
 # above functionalization, run the functional form (one recorded node: lowering/rules/optim.py) and copy each
-# new list into the list it replaces; functionalization handles both.
+# new list into the list it replaces; functionalization handles both. A tensor subclass of its own (a DTensor: its
+# device is lazyxla, so its calls pass here) gets the in-place op, PyTorch's autograd kernel on: it runs the op on
+# its local tensors, which come back here (DTensor's sharding propagation of the functional form fails in torch
+# 2.13: "should be a list[TensorMeta]").
 _FUSED_STEPS = (
     "_fused_adam_",
     "_fused_adam_.tensor_lr",
@@ -333,8 +336,11 @@ def _fused_step(name: str):
     arguments = inplace._schema.arguments
     written = [i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
     grads = [a.name for a in arguments].index("grads")
+    original = torch_private.computed_kernel(f"aten::{name}", "AutogradPrivateUse1")
 
-    def kernel(*args, **kwargs):
+    def kernel(keyset, *args, **kwargs):
+        if _subclass_of_its_own(args[0]):
+            return original.call_boxed(keyset, *args, **kwargs)
         new = functional(*args, **kwargs)
         for i, values in zip(written, new):
             # the kernels write the gradients only to unscale them: without grad_scale they are unchanged
@@ -343,7 +349,16 @@ def _fused_step(name: str):
                 torch_private.foreach_copy_(args[i], values)
 
     kernel.__name__ = kernel.__qualname__ = name.replace(".", "_")
+    kernel.with_keyset = True
     return kernel
+
+
+def _subclass_of_its_own(tensors) -> bool:
+    """Whether the first of ``tensors`` is a tensor subclass with a dispatch of its own, other than lazyxla's (a
+    DTensor; not a Parameter)."""
+    first = tensors[0] if tensors else None
+    dispatch = getattr(type(first), "__torch_dispatch__", None)
+    return dispatch not in (None, torch.Tensor.__torch_dispatch__) and not isinstance(first, LazyTensor)
 
 
 _AUTOGRAD_BLOCK_DIAG = torch_private.computed_kernel("aten::block_diag", "AutogradPrivateUse1")

@@ -95,12 +95,28 @@ def out_variant(func, args, kwargs, dispatch):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def inplace(functional, args, kwargs, dispatch):
+def inplace(functional, args, kwargs, dispatch, func=None):
     """An in-place op below functionalization: its ``functional`` overload through ``dispatch``, then
-    ``self`` rebound to the result."""
+    ``self`` rebound to the result. An op writing several (list) arguments (``func``: torch.optim's fused steps,
+    which DTensor runs on its bare local tensors in SPMD mode) has each rebound to its new values."""
     out = dispatch(functional, args, kwargs)
-    set_value(args[0], out._value)
-    return args[0]
+    if isinstance(out, torch.Tensor):
+        set_value(args[0], out._value)
+        return args[0]
+    for written, new in zip(_written_arguments(func, args, kwargs), out):
+        for target, value in zip(written, new):
+            set_value(target, value._value)
+    return None  # (these ops return nothing)
+
+
+def _written_arguments(func, args, kwargs) -> list[list[torch.Tensor]]:
+    """The arguments ``func`` writes, in its schema's order, each as a list of tensors."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            out.append(list(value) if isinstance(value, (list, tuple)) else [value])
+    return out
 
 
 foreach_element_op = element_op  # (the name lazy.record routes by)

@@ -160,7 +160,7 @@ def _dispatch(func, args, kwargs):
         return foreach(func, args, kwargs, dispatch)
     functional = functional_of(func)
     if functional is not None:
-        return inplace(functional, args, kwargs, dispatch)
+        return inplace(functional, args, kwargs, dispatch, func)
     if func._schema.is_mutable and any(a.is_out for a in func._schema.arguments):
         return out_variant(func, args, kwargs, dispatch)
     decomp = decomposition(func)

@@ -355,6 +355,43 @@ def _setup_world_group_and_device(original: Callable) -> Callable:
     return setup_world_group_and_device
 
 
+# --- optimizer step counters of DTensor parameters ------------------------------------------------------------
+#
+# AdamW with capturable=True or fused=True keeps each parameter's step counter on the parameter's device, a plain
+# tensor (``torch.zeros((), device=p.device)``), and meets it with the DTensor states in in-place foreach ops and
+# the fused kernel. On CUDA DTensor treats a plain scalar tensor as replicated; on lazyxla functionalization sees
+# the user's tensor (a functionalization wrapper) first and refuses to write a DTensor with it ("mutating a
+# non-functional tensor with a functional tensor"). On a global mesh the counter is made a replicated DTensor of
+# the parameter's mesh (where the state is made, and where a loaded state's counter first meets its parameter).
+
+
+def _adam_init_group(original: Callable) -> Callable:
+    def init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps):
+        has_complex = original(
+            self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
+        )
+        for i, (p, step) in enumerate(zip(params_with_grad, state_steps)):
+            if _plain_on_global(p, step):
+                state_steps[i] = self.state[p]["step"] = _replicated(step, p.device_mesh)
+        return has_complex
+
+    return init_group
+
+
+def _plain_on_global(param, step) -> bool:
+    """Whether ``step`` is a plain lazyxla tensor beside ``param``, a DTensor on a global mesh."""
+    mesh = getattr(param, "device_mesh", None)
+    return type(step) is torch.Tensor and step.device.type == devices.torch_name() and is_global(mesh)
+
+
+def _replicated(t: torch.Tensor, mesh):
+    """``t`` (a user's lazyxla tensor) as a DTensor replicated over ``mesh``."""
+    # imported here: torch.distributed.tensor is loaded only by runs that use SPMD mode (see install)
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
 # --- from_local / to_local: between the user's tensors and a DTensor's bare local tensor -----------------------
 #
 # A DTensor's local tensor is a bare LazyTensor (DTensor's local ops run with functionalization excluded); the
@@ -519,6 +556,31 @@ def _fsdp_free_unsharded_param(original: Callable) -> Callable:
     return free_unsharded_param
 
 
+def _fsdp_post_backward(original: Callable) -> Callable:
+    def post_backward(self, *unused):
+        # FSDP adds a new reduced gradient to one it holds (accumulation without set_requires_gradient_sync(False),
+        # zero_grad(set_to_none=False)) by ``grad._local_tensor += new``: the held one is a bare LazyTensor, the new
+        # one a user's tensor (made in backward), which functionalization refuses to mix. It adds to the held one as
+        # a user's tensor, then gets it back bare, laid out as its placements say.
+        held = [g for g in (fp.sharded_param.grad for fp in self.fsdp_params) if _global_bare(g)]
+        for grad in held:
+            grad._local_tensor = wrap(grad._local_tensor)
+        try:
+            return original(self, *unused)
+        finally:
+            for grad in held:
+                m, spec = spec_of(grad.device_mesh, grad.placements, grad.dim())
+                grad._local_tensor = laid_out(grad._local_tensor, m, spec)
+
+    return post_backward
+
+
+def _global_bare(grad) -> bool:
+    """Whether ``grad`` is a DTensor on a global mesh holding a bare LazyTensor."""
+    local = getattr(grad, "_local_tensor", None)
+    return isinstance(local, LazyTensor) and is_global(grad.device_mesh)
+
+
 def _ensure_stream_api() -> None:
     """FSDP2 orders its copies and collectives with the device module's streams and events. Where the device module
     has none (``torch.lazyxla`` gets them with the device module's own streams), give it ones that only order:
@@ -638,6 +700,8 @@ def install() -> None:
             "fsdp_free_unsharded_param": _fsdp_free_unsharded_param,
             "rng_tracker_init": _rng_tracker_init,
             "rng_distribute_region": _rng_distribute_region,
+            "fsdp_post_backward": _fsdp_post_backward,
+            "adam_init_group": _adam_init_group,
         }
     )
     _ensure_stream_api()
