@@ -1,28 +1,41 @@
 """A torchtitan-style Llama trained with PyTorch's own FSDP2 (``fully_shard``), optionally with tensor parallel,
-on lazyxla's SPMD mode: one process drives every device, and the step is one partitioned XLA program.
+in either of lazyxla's execution models.
 
 The model and the parallelism are PyTorch's: ``init_device_mesh``, ``parallelize_module`` with
-``ColwiseParallel``/``RowwiseParallel``/``SequenceParallel``, ``fully_shard`` per block and at the root. After
-``lazyxla.spmd.enable()`` a DTensor on a lazyxla mesh holds the global tensor laid out as its placements say, so
-FSDP2's all-gathers and reduce-scatters are layouts XLA's partitioner implements (docs/architecture.md, "DTensor
-in SPMD mode"; docs/distributed.md compares the ways to scale).
+``ColwiseParallel``/``RowwiseParallel``/``SequenceParallel``, ``fully_shard`` per block and at the root.
 
-    python examples/train_fsdp2.py                 # FSDP2 over 8 fake CPU devices
-    python examples/train_fsdp2.py --tp 4          # 2-D: FSDP2 over "dp" (2) x tensor parallel over "tp" (4)
-    python examples/train_fsdp2.py --device cpu    # the same model and steps in eager PyTorch on the CPU
+- SPMD mode (the default): one process drives every device after ``lazyxla.spmd.enable()``. A DTensor on a lazyxla
+  mesh holds the global tensor laid out as its placements say, so FSDP2's all-gathers and reduce-scatters are
+  layouts XLA's partitioner implements and the step is one partitioned program (docs/architecture.md, "DTensor in
+  SPMD mode").
+- One process per device (``torchrun``, or ``--nprocs N``: ``lazyxla.spawn``): ``init_process_group("lazyxla")``,
+  each rank trains on its rows of the batch, and FSDP2's collectives are lazyxla's in-graph collectives
+  (docs/architecture.md, "FSDP2 over replicas"). FSDP2 only (no ``--tp``).
 
-On accelerators pass ``--devices 0`` (the real ones). The last line is the final loss: the same, within float32
-rounding, in every mode.
+docs/distributed.md compares the ways to scale.
+
+    python examples/train_fsdp2.py                                # FSDP2 over 8 fake CPU devices, one process
+    python examples/train_fsdp2.py --tp 4                         # 2-D: FSDP2 over "dp" (2) x TP over "tp" (4)
+    torchrun --nproc-per-node 2 examples/train_fsdp2.py           # FSDP2 over 2 processes, one device each
+    python examples/train_fsdp2.py --nprocs 2                     # the same, the processes started by lazyxla.spawn
+    python examples/train_fsdp2.py --device cpu                   # the same model and steps in eager PyTorch
+
+On accelerators pass ``--devices 0`` (the real ones). The last line is the final loss (of the whole batch): the
+same, within float32 rounding, in every mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 import lazyxla
 
@@ -127,16 +140,19 @@ def batches(steps: int, batch: int):
         yield seq[:, :-1], seq[:, 1:]
 
 
+def _shard(model: Llama, dp) -> None:
+    for block in model.layers:
+        fully_shard(block, mesh=dp)
+    fully_shard(model, mesh=dp)
+
+
 def train(rank: int, args: argparse.Namespace) -> float:
-    """Build, shard and train on lazyxla's SPMD mode (or on the CPU with ``--device cpu``); the final loss."""
-    on_cpu = args.device == "cpu"
+    """Build, shard and train (``args.mode``: "spmd", "replicas" or "cpu"); the final loss of the whole batch."""
     torch.manual_seed(0)
     model = Llama()
-    if not on_cpu:
+    world = 1
+    if args.mode == "spmd":
         lazyxla.spmd.enable()
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         n = lazyxla.spmd.device_count()
         if args.tp > 1:
             mesh = init_device_mesh("lazyxla", (n // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
@@ -145,38 +161,60 @@ def train(rank: int, args: argparse.Namespace) -> float:
         else:
             dp = init_device_mesh("lazyxla", (n,), mesh_dim_names=("dp",))
             model = model.to(lazyxla.device())
-        for block in model.layers:
-            fully_shard(block, mesh=dp)
-        fully_shard(model, mesh=dp)
+        _shard(model, dp)
+    elif args.mode == "replicas":
+        dist.init_process_group("lazyxla")  # (torchrun's variables, or lazyxla.spawn's)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        model = model.to(lazyxla.device())
+        _shard(model, init_device_mesh("lazyxla", (world,), mesh_dim_names=("dp",)))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=True)
-    dev = torch.device("cpu") if on_cpu else lazyxla.device()
+    dev = torch.device("cpu") if args.mode == "cpu" else lazyxla.device()
+    shown = rank == 0 or args.mode != "replicas"
     loss = torch.zeros(())
     for step, (x, y) in enumerate(batches(args.steps, args.batch), 1):
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]  # (one process per device: this rank's rows)
         opt.zero_grad()
         loss = F.cross_entropy(model(x.to(dev)).flatten(0, 1), y.to(dev).flatten())
         loss.backward()
         opt.step()
-        if not on_cpu:
+        loss = loss.detach()
+        if args.mode == "replicas":  # the whole batch's loss: the ranks' (each a mean over as many tokens) averaged
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        if args.mode != "cpu":
             lazyxla.sync()
-        if step % args.log_every == 0:
+        if step % args.log_every == 0 and shown:
             print(f"step {step:4d} loss {loss.item():.4f}", flush=True)
-    if not on_cpu:
+    if args.mode != "cpu" and shown:
         w = model.layers[0].feed_forward.w1.weight
         print(f"layers.0.feed_forward.w1.weight {type(w).__name__} {tuple(w.shape)} {w.placements}", flush=True)
-    return loss.item()
+    final = loss.item()
+    if args.mode == "replicas":
+        dist.destroy_process_group()
+    return final
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("lazyxla", "cpu"), default="lazyxla")
-    parser.add_argument("--devices", type=int, default=8, help="fake CPU devices (0: use the real devices)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1: FSDP2 only)")
+    parser.add_argument("--devices", type=int, default=8, help="SPMD mode: fake CPU devices (0: the real devices)")
+    parser.add_argument("--nprocs", type=int, default=0, help="one process per device: processes to spawn")
+    parser.add_argument("--tp", type=int, default=1, help="SPMD mode: tensor-parallel size (1: FSDP2 only)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8, help="global batch size")
     parser.add_argument("--log-every", type=int, default=5)
     args = parser.parse_args()
-    if args.device == "cpu":
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    args.mode = "cpu" if args.device == "cpu" else "replicas" if torchrun or args.nprocs else "spmd"
+    if args.mode == "replicas" and args.tp > 1:
+        parser.error("--tp runs in SPMD mode (one process); one process per device shards with FSDP2 only")
+    if args.mode == "cpu":
         final = train(0, args)
+    elif torchrun:
+        final = train(int(os.environ["RANK"]), args)
+        if int(os.environ["RANK"]):
+            return
+    elif args.mode == "replicas":
+        final = lazyxla.spawn(train, args=(args,), nprocs=args.nprocs)[0]
     else:
         (final,) = lazyxla.spawn(train, args=(args,), nprocs=1, cpu_devices=args.devices or None)
     print(f"final loss {final:.6f}")

@@ -659,13 +659,15 @@ def tiny_llama():
     return model, [torch.randint(0, 64, (4, 16), generator=g) for _ in range(4)]
 
 
-def fsdp_llama_replicas(rank: int) -> dict:
+def fsdp_llama_replicas(rank: int, bf16_params: bool = False) -> dict:
     """FSDP2 (``fully_shard`` per decoder layer and at the root) over the replicas: 4 AdamW (foreach) steps of a
-    tiny Llama, each rank on its rows of the batch. Its losses, compiles after each step, the final parameters' local
-    shards and the local and global element counts of parameters, gradients and optimizer state."""
+    tiny Llama, each rank on its rows of the batch; ``bf16_params``: ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=f32)``. Its losses, compiles and programs run after each step, the final parameters' local shards,
+    the dtype of the forward's unsharded parameters and the local and global element counts of parameters,
+    gradients and optimizer state."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import lazyxla
 
@@ -675,12 +677,17 @@ def fsdp_llama_replicas(rank: int) -> dict:
     dev = lazyxla.device()
     model, batches = tiny_llama()
     model.to(dev)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_params else None
+    kwargs = {"mp_policy": mp} if mp is not None else {}
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    seen = []  # the dtype the forward computes in (FSDP2's unsharded parameters)
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    losses, compiles, counts = [], [], {}
+    losses, compiles, programs, counts = [], [], [], {}
     for ids in batches:
+        before = lazyxla.metrics.counters()["executions"]
         ids = ids.chunk(n)[rank].to(dev)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -695,9 +702,12 @@ def fsdp_llama_replicas(rank: int) -> dict:
         }
         opt.zero_grad()
         lazyxla.sync()
-        losses.append(loss.detach().cpu())
-        compiles.append(lazyxla.metrics.counters()["compiles"])
-    out = {"losses": losses, "compiles": compiles, "counts": counts}
+        losses.append(loss.detach().float().cpu())
+        c = lazyxla.metrics.counters()
+        compiles.append(c["compiles"])
+        programs.append(c["executions"] - before)
+    out = {"losses": losses, "compiles": compiles, "programs": programs, "counts": counts, "dtype": str(seen[0])}
     out["params"] = {k: p.to_local().cpu() for k, p in model.named_parameters()}
+    out["param dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     dist.destroy_process_group()
     return out
