@@ -11,9 +11,18 @@ call returns a completed ``Work``: the result is a lazy value, computed with the
 tensor's shape and dtype through the coordination service, and run XLA's collective permute in a program of
 their two devices (device tensors; its pending work is computed first) or pass the value through the service
 (CPU tensors). The received value is written into the receiver's tensor.
+
+A group of some replicas (``dist.new_group(ranks)``, the per-dimension groups of
+``init_device_mesh("lazyxla", (2, 2))``) records its collectives with XLA's replica groups: a partition of
+every replica, each replica running the same collective. So every rank must call the collective at the same
+point, each on its own group of that partition (as SPMD code over a DeviceMesh does), and the groups must
+split the replicas into equal parts. The partition is learnt at the first collective on device tensors: every
+process says its group's ranks through the coordination service.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 import torch.distributed as dist
@@ -80,6 +89,7 @@ class LazyxlaProcessGroup(ProcessGroup):
         self._rank, self._size = rank, size
         self._host_calls = 0
         self._name, self._desc = "", ""
+        self._partition: list[list[int]] | None = None  # (a group of some replicas: _groups)
 
     def getBackendName(self) -> str:
         return "lazyxla"
@@ -105,8 +115,13 @@ class LazyxlaProcessGroup(ProcessGroup):
         return self._size
 
     def _groups(self) -> list[list[int]] | None:
-        """The replica groups of the collectives (None: every replica in one group, this group)."""
-        return None
+        """The replica groups of the collectives (None: every replica in one group, this group); for a group
+        of some replicas, the partition of every replica it belongs to (learnt at the first call)."""
+        if self._size == processes.world_size():
+            return None
+        if self._partition is None:
+            self._partition = _partition_of(dist.get_process_group_ranks(self), self._desc or self._name)
+        return self._partition
 
     def _host(self, what: str) -> None:
         """CPU tensors go through the host exchange, which spans every replica: not for a group of some."""
@@ -178,7 +193,9 @@ class LazyxlaProcessGroup(ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        if _on_device(tensors):
+        if _on_device(tensors) and self._groups() is not None:
+            _copy_into(tensors, [_group_broadcast(t, self.rank() == root, self._groups()) for t in tensors])
+        elif _on_device(tensors):
             broadcast(list(tensors), root=root)
         else:
             values = self._exchange([t.clone() for t in tensors])
@@ -333,6 +350,42 @@ def _point_to_point(t: torch.Tensor, src: int, dst: int) -> None:
             t.copy_(wrap(got))
 
 
+def _partition_of(ranks: list[int], name: str) -> list[list[int]]:
+    """The partition of every replica into groups that this process's group ``ranks`` belongs to: every process
+    tells the others its own group of the same mesh dimension (a rendezvous: every process must get here at the
+    same call, as SPMD code over a DeviceMesh does). Raises on every process alike where the groups do not split
+    the replicas into equal parts."""
+    try:
+        told = processes.rendezvous("pg/partition", json.dumps(ranks).encode())
+    except processes.DistributedError as e:
+        raise RuntimeError(
+            f"a collective on the lazyxla process group {name!r} over replicas {ranks}: XLA runs a collective "
+            "over groups of replicas on every replica at once, so every process must call a collective on its "
+            f"own group of the same partition at this point (as code over a DeviceMesh does); not all did ({e})"
+        ) from e
+    groups = [json.loads(b) for b in told]
+    parts = sorted({tuple(g) for g in groups})
+    world = len(groups)
+    fits = all(i in g and all(groups[j] == g for j in g) for i, g in enumerate(groups))
+    if not fits or len({len(p) for p in parts}) != 1:
+        raise NotImplementedError(
+            f"a collective on the lazyxla process group {name!r} over replicas {ranks}: the {world} processes' "
+            f"groups at this call, {groups} by process, do not split the replicas into groups of equal size, each "
+            "process in one; XLA's collectives over groups of replicas need such a partition (create every group "
+            "of it on every rank, e.g. with init_device_mesh, and call the collective on each rank's own group)"
+        )
+    return [list(p) for p in parts]
+
+
+def _group_broadcast(t: torch.Tensor, is_root: bool, groups: list[list[int]]) -> torch.Tensor:
+    """Each group's root's ``t`` on every member: a sum where only the root contributes (masked by a value, not
+    by the program's shape, so every rank runs the same program)."""
+    keep = torch.tensor(is_root, device=t.device)
+    if t.dtype == torch.bool:
+        return all_reduce(ReduceOp.OR, torch.where(keep, t, False), groups=groups)
+    return all_reduce(ReduceOp.SUM, torch.where(keep, t, 0), groups=groups)
+
+
 def _bitwise(op: ReduceOp, stack: torch.Tensor) -> torch.Tensor:
     out = stack[0]
     for v in stack[1:]:
@@ -404,7 +457,7 @@ def _funcol_all_to_all(x, output_split_sizes, input_split_sizes, group_name: str
 def _funcol_broadcast(x, src: int, group_name: str):
     pg = _funcol_group(group_name, "broadcast")
     if pg._groups() is not None:
-        raise NotImplementedError("broadcast of lazyxla tensors in a process group of some replicas")
+        return _group_broadcast(x, pg.rank() == src, pg._groups())
     return broadcast(x, root=src)
 
 
@@ -454,6 +507,8 @@ def check_world(rank: int, size: int, backend: str) -> None:
 
 
 def _create(store, rank: int, size: int, timeout) -> LazyxlaProcessGroup:
+    if dist.is_initialized():  # a group of some replicas (dist.new_group, a DeviceMesh's dimension): see _groups
+        return LazyxlaProcessGroup(rank, size)
     check_world(rank, size, "lazyxla")
     subclass_relay.arm()  # (DTensor's local ops on lazyxla tensors, in this execution model: lazy/subclass_relay.py)
     fsdp_ops.install_replicas()  # (FSDP2 on lazyxla tensors: parallel/fsdp_ops.py)
