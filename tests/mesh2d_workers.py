@@ -63,8 +63,12 @@ def _collectives(mesh, rank: int, dev) -> dict:
     out["2-d local"] = both.to_local()
     out["2-d full"] = both.full_tensor()
     out["2-d -> (replicate, shard(0))"] = both.redistribute(mesh, [Replicate(), Shard(0)]).to_local()
-    return {k: ({n: v.cpu() if isinstance(v, torch.Tensor) else v for n, v in d.items()} if isinstance(d, dict)
-                else d.cpu()) for k, d in out.items()}
+    return {
+        k: (
+            {n: v.cpu() if isinstance(v, torch.Tensor) else v for n, v in d.items()} if isinstance(d, dict) else d.cpu()
+        )
+        for k, d in out.items()
+    }
 
 
 def fsdp_tp(rank: int) -> dict:
