@@ -228,13 +228,17 @@ def test_fsdp2_recipes_train_as_cpu_eager_in_one_program_per_step(recipe):
     token ids, bf16 parameters with fp32 reductions: losses, gradient norms and parameters as CPU eager."""
     r, run = recipe
     assert run["ids_dtype"] == "torch.int64" and run["fsdp_names"]
-    rtol = 1e-3 if r["mixed"] else 1e-4  # bf16 forwards round differently on XLA and on the CPU
+    # bf16 forwards round differently on XLA and on the CPU: within bf16's relative step (2 ** -8); measured up to
+    # 1.2e-3 on the loss since the blocks' rotary embeddings (computed in fp32, rounded back to bf16)
+    rtol = 2**-8 if r["mixed"] else 1e-4
     torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(run["ref_losses"]), rtol=rtol, atol=1e-5)
     if r["clip"]:
         assert run["norm_types"] == ["DTensor"]
         torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(run["ref_norms"]), rtol=rtol, atol=1e-5)
-    if r["mixed"]:  # AdamW moves a parameter by at most lr (1e-3) a step
-        assert max(run["param_diffs"].values()) < 4e-3, run["param_diffs"]
+    if r["mixed"]:  # AdamW moves a parameter by about lr (1e-3) a step whatever its gradient, so an element whose
+        # bf16 gradient rounds to the other sign (measured: bf16 gradients differ from CPU's by ~1% of their largest)
+        # ends at most 2 * lr a step away: measured up to 7.2e-3 after 4 steps with the rotary blocks
+        assert max(run["param_diffs"].values()) < 2 * 1e-3 * W.STEPS, run["param_diffs"]
     else:
         assert all(run["params_close"].values()), run["param_diffs"]
     assert run["param_dtypes"] == ["torch.float32"]
