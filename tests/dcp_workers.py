@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import torch
 
@@ -192,9 +193,13 @@ def local_state(model, opt) -> dict:
     return out
 
 
-def replica_save(rank: int, folder: str, steps: int) -> dict:
+def replica_save(rank: int, folder: str, steps: int, die_rank: int = -1, pids: str = "") -> dict:
     """Replicas: FSDP2 over ``init_process_group("lazyxla")``'s ranks, ``steps`` AdamW steps (each rank on its rows
-    of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state."""
+    of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state.
+    Rank ``die_rank`` SIGKILLs itself once it has written its first data file; with ``pids`` (a folder) each rank
+    writes its process id there first (``rank<i>``), so a test can check that none is left."""
+    if pids:
+        Path(pids, f"rank{rank}").write_text(str(os.getpid()))
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -209,6 +214,8 @@ def replica_save(rank: int, folder: str, steps: int) -> dict:
     model, opt, loss_fn, batches = _fresh("mlp", dev, init_device_mesh("lazyxla", (n,)))
     losses = train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[:steps]])
     msd, osd = get_state_dict(model, opt)
+    if rank == die_rank:
+        _die_after_first_file()
     dcp.save({"model": msd, "optim": osd}, storage_writer=AtomicFileSystemWriter(folder))
     state = local_state(model, opt)
     dist.destroy_process_group()
