@@ -193,11 +193,11 @@ def local_state(model, opt) -> dict:
     return out
 
 
-def replica_save(rank: int, folder: str, steps: int, die_rank: int = -1, pids: str = "") -> dict:
+def replica_save(rank: int, folder: str, steps: int, die_rank: int = -1, pids: str = "", how: str = "SIGKILL") -> dict:
     """Replicas: FSDP2 over ``init_process_group("lazyxla")``'s ranks, ``steps`` AdamW steps (each rank on its rows
     of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state.
-    Rank ``die_rank`` SIGKILLs itself once it has written its first data file; with ``pids`` (a folder) each rank
-    writes its process id there first (``rank<i>``), so a test can check that none is left."""
+    Rank ``die_rank`` sends itself ``how`` (SIGKILL, SIGSTOP) once it has written its first data file; with ``pids``
+    (a folder) each rank writes its process id there first (``rank<i>``), so a test can check that none is left."""
     if pids:
         Path(pids, f"rank{rank}").write_text(str(os.getpid()))
     import torch.distributed as dist
@@ -215,7 +215,7 @@ def replica_save(rank: int, folder: str, steps: int, die_rank: int = -1, pids: s
     losses = train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[:steps]])
     msd, osd = get_state_dict(model, opt)
     if rank == die_rank:
-        _die_after_first_file()
+        _die_after_first_file(signal.Signals[how])
     dcp.save({"model": msd, "optim": osd}, storage_writer=AtomicFileSystemWriter(folder))
     state = local_state(model, opt)
     dist.destroy_process_group()
@@ -244,15 +244,16 @@ def replica_load(rank: int, folder: str) -> dict:
     return {"state": state}
 
 
-def _die_after_first_file() -> None:
-    """Make this process SIGKILL itself right after DCP's writer has written (and synced) its first data file."""
+def _die_after_first_file(how: signal.Signals = signal.SIGKILL) -> None:
+    """Make this process SIGKILL itself (or stop, with ``how=SIGSTOP``: a hung rank) right after DCP's writer has
+    written (and synced) its first data file."""
     from torch.distributed.checkpoint import filesystem
 
     original = filesystem._write_files_from_queue
 
     def write_then_die(*args, **kwargs):
         original(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), how)
 
     filesystem._write_files_from_queue = write_then_die
 
