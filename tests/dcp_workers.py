@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import torch
 
@@ -192,9 +193,13 @@ def local_state(model, opt) -> dict:
     return out
 
 
-def replica_save(rank: int, folder: str, steps: int) -> dict:
+def replica_save(rank: int, folder: str, steps: int, die_rank: int = -1, pids: str = "", how: str = "SIGKILL") -> dict:
     """Replicas: FSDP2 over ``init_process_group("lazyxla")``'s ranks, ``steps`` AdamW steps (each rank on its rows
-    of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state."""
+    of the batch), ``dcp.save`` with ``AtomicFileSystemWriter``; this rank's losses and part of the saved state.
+    Rank ``die_rank`` sends itself ``how`` (SIGKILL, SIGSTOP) once it has written its first data file; with ``pids``
+    (a folder) each rank writes its process id there first (``rank<i>``), so a test can check that none is left."""
+    if pids:
+        Path(pids, f"rank{rank}").write_text(str(os.getpid()))
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -209,6 +214,8 @@ def replica_save(rank: int, folder: str, steps: int) -> dict:
     model, opt, loss_fn, batches = _fresh("mlp", dev, init_device_mesh("lazyxla", (n,)))
     losses = train(model, opt, loss_fn, [_replica_batch(b, rank, n, dev) for b in batches[:steps]])
     msd, osd = get_state_dict(model, opt)
+    if rank == die_rank:
+        _die_after_first_file(signal.Signals[how])
     dcp.save({"model": msd, "optim": osd}, storage_writer=AtomicFileSystemWriter(folder))
     state = local_state(model, opt)
     dist.destroy_process_group()
@@ -237,15 +244,16 @@ def replica_load(rank: int, folder: str) -> dict:
     return {"state": state}
 
 
-def _die_after_first_file() -> None:
-    """Make this process SIGKILL itself right after DCP's writer has written (and synced) its first data file."""
+def _die_after_first_file(how: signal.Signals = signal.SIGKILL) -> None:
+    """Make this process SIGKILL itself (or stop, with ``how=SIGSTOP``: a hung rank) right after DCP's writer has
+    written (and synced) its first data file."""
     from torch.distributed.checkpoint import filesystem
 
     original = filesystem._write_files_from_queue
 
     def write_then_die(*args, **kwargs):
         original(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), how)
 
     filesystem._write_files_from_queue = write_then_die
 
@@ -289,3 +297,115 @@ def cpu_load(problem: str, folder: str, no_dist: bool = True):
     dcp.load({"model": msd, "optim": osd}, checkpoint_id=folder, no_dist=no_dist)
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
     return model, opt, cpu_state(model, opt)
+
+
+# --- what the FSDP2 recipes hold: fused / capturable AdamW (DTensor step counters), bf16 compute, int64 buffers ----
+
+RECIPES = {
+    # AdamW fused=True: its step counters are replicated DTensors in SPMD mode; an int64 buffer counts the steps
+    "a": {"optim": {"fused": True}, "mixed": False},
+    # AdamW capturable=True (DTensor step counters too) over bf16 compute with fp32 reductions
+    "b": {"optim": {"capturable": True, "foreach": True}, "mixed": True},
+}
+
+
+def counted_mlp():
+    """``mlp()`` with int64 buffers: ``seen`` (steps taken, a 0-d counter) and ``ids`` (constant), and its batches."""
+    model, batches = mlp()
+    model.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+    model.register_buffer("ids", torch.arange(6, dtype=torch.int64) * 3)
+    return model, batches
+
+
+def counted_train(model, opt, batches, dev=None) -> list[float]:
+    """``train`` of the MLP (output compared in fp32) that also counts its steps in ``model.seen``."""
+    losses = []
+    for x, y in batches:
+        x, y = (x, y) if dev is None else (x.to(dev), y.to(dev))
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.seen.add_(1)
+        losses.append(loss.detach())
+    return [float(v.cpu().item()) for v in losses]
+
+
+def _recipe_models(dev, mesh, perturb: bool) -> dict:
+    """Each of ``RECIPES``' models on ``dev``, FSDP2 (per Linear and root) over ``mesh``, with its AdamW."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    out = {}
+    for name, recipe in RECIPES.items():
+        model, _ = counted_mlp()
+        if perturb:
+            _perturb(model)
+        model.to(dev)
+        policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if recipe["mixed"] else MixedPrecisionPolicy()
+        for block in [*_mlp_blocks(model), model]:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        out[name] = (model, torch.optim.AdamW(model.parameters(), lr=LR, **recipe["optim"]))
+    return out
+
+
+def _recipe_state(models) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    state = {name: dict(zip(("model", "optim"), get_state_dict(m, o))) for name, (m, o) in models.items()}
+    return {**state, "epoch": 0}
+
+
+def spmd_recipes_save(rank: int, folder: str) -> dict:
+    """SPMD mode, 8 devices: ``RECIPES``' models trained 2 steps and saved in one checkpoint with a Python int
+    ``epoch`` (2); then 2 more steps (the uninterrupted run). Per model: the saved state (whole, on the CPU), the
+    types of its optimizer's step counters and of its buffers, the parameters' dtypes, and the 2 later losses and
+    final state."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dev = lazyxla.device()
+    models = _recipe_models(dev, init_device_mesh("lazyxla", (8,)), perturb=False)
+    _, batches = mlp()
+    out: dict = {}
+    for model, opt in models.values():
+        counted_train(model, opt, batches[:2], dev)
+    state = _recipe_state(models)
+    state["epoch"] = 2
+    dcp.save(state, checkpoint_id=folder)
+    for name, (model, opt) in models.items():
+        out[name] = {
+            "saved": cpu_state(model, opt),
+            "step_types": sorted({type(s["step"]).__name__ for s in state[name]["optim"]["state"].values()}),
+            "buffer_types": {k: type(state[name]["model"][k]).__name__ for k in ("seen", "ids")},
+            "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        }
+        out[name]["losses"] = counted_train(model, opt, batches[2:], dev)
+        out[name]["final"] = cpu_state(model, opt)
+    return out
+
+
+def spmd_recipes_resume(rank: int, folder: str) -> dict:
+    """SPMD mode, 4 devices: ``RECIPES``' models (other values) load the checkpoint and train its last 2 steps; per
+    model the loaded state, losses and final state, and the loaded ``epoch``."""
+    import lazyxla
+
+    lazyxla.spmd.enable()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dev = lazyxla.device()
+    models = _recipe_models(dev, init_device_mesh("lazyxla", (4,)), perturb=True)
+    state = _recipe_state(models)  # (makes the optimizers' state, as PyTorch's resume does)
+    dcp.load(state, checkpoint_id=folder)
+    _, batches = mlp()
+    out: dict = {"epoch": state["epoch"]}
+    for name, (model, opt) in models.items():
+        set_state_dict(model, opt, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"])
+        loaded = cpu_state(model, opt)
+        out[name] = {"loaded": loaded, "losses": counted_train(model, opt, batches[2:], dev)}
+        out[name]["final"] = cpu_state(model, opt)
+    return out

@@ -146,3 +146,67 @@ def test_atomic_writer_refuses_a_folder_written_in_place(tmp_path):
     dcp.load(got, checkpoint_id=str(tmp_path / "a"), no_dist=True)
     assert torch.equal(got["w"], torch.full((4,), 2.0))
     assert (tmp_path / "a").is_symlink() and len(list(tmp_path.glob("a.v-*"))) == 1
+
+
+# --- fused and capturable AdamW, bf16 compute, int64 buffers and a Python int --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("recipes") / "ckpt")
+    (saved,) = lazyxla.spawn(W.spmd_recipes_save, args=(folder,), nprocs=1, cpu_devices=8, timeout_s=280)
+    (resumed,) = lazyxla.spawn(W.spmd_recipes_resume, args=(folder,), nprocs=1, cpu_devices=4, timeout_s=280)
+    return folder, saved, resumed
+
+
+def _recipe_reference() -> tuple[list[float], dict, dict]:
+    """Recipe "a"'s model trained 4 steps on the CPU (foreach AdamW: fused and capturable differ from it by
+    rounding only): the last 2 losses, the state after steps 2 and 4."""
+    model, batches = W.counted_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=W.LR, foreach=True)
+    W.counted_train(model, opt, batches[:2])
+    after2 = W.cpu_state(model, opt)
+    losses = W.counted_train(model, opt, batches[2:])
+    return losses, after2, W.cpu_state(model, opt)
+
+
+def test_fused_and_capturable_adamw_with_dtensor_steps_save_and_resume_as_an_uninterrupted_run(recipes):
+    _, saved, resumed = recipes
+    for name in ("a", "b"):
+        s, r = saved[name], resumed[name]
+        assert s["step_types"] == ["DTensor"], (name, s["step_types"])  # replicated DTensor step counters
+        assert s["param_dtypes"] == ["torch.float32"], name  # bf16 compute keeps fp32 sharded parameters
+        assert _close(r["loaded"], s["saved"], rtol=0, atol=0) == 0.0, name  # loaded on 4 devices as saved on 8
+        assert r["loaded"]["model.seen"].dtype == torch.int64 and r["loaded"]["model.seen"].item() == 2
+        assert r["loaded"]["optim.state.0.weight.step"].item() == 2.0
+        tol = TOL
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(s["losses"]), **tol)
+        _close(r["final"], s["final"], **tol)
+    losses, after2, after4 = _recipe_reference()
+    _close(saved["a"]["saved"], after2)  # recipe "a" (fp32) against the CPU run
+    torch.testing.assert_close(torch.tensor(resumed["a"]["losses"]), torch.tensor(losses), **TOL)
+    _close(resumed["a"]["final"], after4)
+
+
+def test_int64_buffers_and_a_python_int_round_trip(recipes):
+    folder, saved, resumed = recipes
+    assert resumed["epoch"] == 2  # a Python int in the app state
+    for name in ("a", "b"):
+        assert saved[name]["buffer_types"] == {"seen": "Tensor", "ids": "Tensor"}  # plain tensors, not DTensors
+        for key, want in (("model.seen", torch.tensor(4)), ("model.ids", torch.arange(6) * 3)):
+            got = resumed[name]["final"][key]
+            assert got.dtype == torch.int64 and torch.equal(got, want), (name, key, got)
+    # and into a plain CPU model (no process group): recipe "a"'s state as saved, its counter an int64 0-d tensor
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, _ = W.counted_mlp()
+    W._perturb(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=W.LR, foreach=True)
+    msd, osd = get_state_dict(model, opt)
+    state = {"a": {"model": msd, "optim": osd}, "epoch": 0}
+    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+    assert state["epoch"] == 2
+    assert _close(W.cpu_state(model, opt), saved["a"]["saved"], rtol=0, atol=0) == 0.0
+    assert model.seen.dtype == torch.int64 and model.seen.item() == 2
