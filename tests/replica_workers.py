@@ -768,7 +768,10 @@ def fsdp_recipes_replicas(rank: int, names: list) -> dict:
         recipe = REPLICA_RECIPES[name]
         model, batches = recipe_problem(recipe)
         model.to(dev)
+        forwards = [0]  # the blocks' forwards run (checkpointing runs each again in backward)
         for layer in model.layers:
+            block = getattr(layer, "_checkpoint_wrapped_module", layer)
+            block.register_forward_pre_hook(lambda *_, f=forwards: f.__setitem__(0, f[0] + 1))
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         kind = recipe["optimizer"]
@@ -783,9 +786,7 @@ def fsdp_recipes_replicas(rank: int, names: list) -> dict:
         losses, norms, compiles, programs = [], [], [], []
         for ids in batches:
             before = lazyxla.metrics.counters()
-            loss, norm = _recipe_step(
-                model, opt, ids.chunk(n)[rank], recipe, lambda b: b.to(dev), sync_model=model
-            )
+            loss, norm = _recipe_step(model, opt, ids.chunk(n)[rank], recipe, lambda b: b.to(dev), sync_model=model)
             lazyxla.sync()
             after = lazyxla.metrics.counters()
             losses.append(loss.cpu())
@@ -800,6 +801,7 @@ def fsdp_recipes_replicas(rank: int, names: list) -> dict:
             "programs": programs,
             "params": {k: p.to_local().cpu() for k, p in model.named_parameters()},
             "steps": sorted({type(opt.state[p]["step"]).__name__ for p in params}),
+            "forwards": forwards[0],
             "counts": {
                 "params": [(p.to_local().numel(), p.numel()) for p in params],
                 "optimizer state": [
@@ -807,5 +809,7 @@ def fsdp_recipes_replicas(rank: int, names: list) -> dict:
                 ],
             },
         }
+        if recipe["zero_first"]:  # the last step's gradients are still held
+            results[name]["counts"]["grads"] = [(p.grad.to_local().numel(), p.grad.numel()) for p in params]
     dist.destroy_process_group()
     return results
