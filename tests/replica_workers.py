@@ -711,3 +711,105 @@ def fsdp_llama_replicas(rank: int, bf16_params: bool = False) -> dict:
     out["param dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     dist.destroy_process_group()
     return out
+
+
+# The FSDP2 recipes over replicas: (checkpointing, optimizer, micro-batches, gradient sync on the last only,
+# zero_grad() first, clip_grad_norm_'s max norm); the keys of dtensor_spmd_workers.RECIPES
+REPLICA_RECIPES = {
+    # checkpoint_wrapper on each block, fused AdamW, 2 micro-batches with set_requires_gradient_sync(False) on the
+    # first, clip_grad_norm_, zero_grad() first
+    "wrapper_fused_sync": dict(
+        checkpoint="wrapper", mixed=False, optimizer="fused", micro=2, sync=True, zero_first=True, clip=0.5
+    ),
+    # torch.utils.checkpoint.checkpoint(block, x) in the forward, AdamW(capturable=True), plain accumulation over 2
+    # micro-batches, zero_grad() last
+    "function_capturable_plain": dict(
+        checkpoint="function", mixed=False, optimizer="capturable", micro=2, sync=False, zero_first=False, clip=None
+    ),
+}
+RECIPE_LR = 1e-3
+
+
+def recipe_problem(recipe: dict):
+    """The tiny torchtitan-style Llama of the SPMD recipes (``checkpoint_wrapper`` around each block when the recipe
+    says so) on the CPU, and 4 batches of int64 token ids: the same in every rank."""
+    from dtensor_spmd_workers import _Llama  # tests/ is on the path of the spawned children too
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch.manual_seed(0)
+    model = _Llama()
+    if recipe["checkpoint"] == "wrapper":
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(layer)
+    model.checkpoint = recipe["checkpoint"] == "function"
+    g = torch.Generator().manual_seed(1)
+    return model, [torch.randint(0, 64, (8, 16), generator=g) for _ in range(4)]
+
+
+def fsdp_recipes_replicas(rank: int, names: list) -> dict:
+    """FSDP2 (``fully_shard`` per block and at the root) over the replicas, trained 4 steps by each of
+    ``REPLICA_RECIPES[names]`` in turn (a fresh model each), each rank on its rows of the batch. Per recipe: each
+    step's loss (this rank's, summed over its micro-batches), gradient norm (when clipped), compiles and programs
+    run in each step, the final parameters' local shards, the optimizer's step-counter types and the local and
+    global element counts of parameters and AdamW state."""
+    import torch.distributed as dist
+    from dtensor_spmd_workers import _recipe_step
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lazyxla
+
+    dist.init_process_group("lazyxla")
+    n = dist.get_world_size()
+    mesh = init_device_mesh("lazyxla", (n,))
+    dev = lazyxla.device()
+    results = {}
+    for name in names:
+        recipe = REPLICA_RECIPES[name]
+        model, batches = recipe_problem(recipe)
+        model.to(dev)
+        forwards = [0]  # the blocks' forwards run (checkpointing runs each again in backward)
+        for layer in model.layers:
+            block = getattr(layer, "_checkpoint_wrapped_module", layer)
+            block.register_forward_pre_hook(lambda *_, f=forwards: f.__setitem__(0, f[0] + 1))
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        kind = recipe["optimizer"]
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=RECIPE_LR,
+            foreach=kind != "fused" or None,
+            fused=kind == "fused" or None,
+            capturable=kind == "capturable",
+        )
+        lazyxla.sync()
+        losses, norms, compiles, programs = [], [], [], []
+        for ids in batches:
+            before = lazyxla.metrics.counters()
+            loss, norm = _recipe_step(model, opt, ids.chunk(n)[rank], recipe, lambda b: b.to(dev), sync_model=model)
+            lazyxla.sync()
+            after = lazyxla.metrics.counters()
+            losses.append(loss.cpu())
+            norms.append(None if norm is None else norm.full_tensor().cpu())
+            compiles.append(after["compiles"] - before["compiles"])
+            programs.append(after["executions"] - before["executions"])
+        params = list(model.parameters())
+        results[name] = {
+            "losses": losses,
+            "norms": norms,
+            "compiles": compiles,
+            "programs": programs,
+            "params": {k: p.to_local().cpu() for k, p in model.named_parameters()},
+            "steps": sorted({type(opt.state[p]["step"]).__name__ for p in params}),
+            "forwards": forwards[0],
+            "counts": {
+                "params": [(p.to_local().numel(), p.numel()) for p in params],
+                "optimizer state": [
+                    (opt.state[p][k].to_local().numel(), p.numel()) for p in params for k in ("exp_avg", "exp_avg_sq")
+                ],
+            },
+        }
+        if recipe["zero_first"]:  # the last step's gradients are still held
+            results[name]["counts"]["grads"] = [(p.grad.to_local().numel(), p.grad.numel()) for p in params]
+    dist.destroy_process_group()
+    return results

@@ -222,3 +222,60 @@ def test_fsdp2_tiny_llama_over_replicas_trains_as_cpu_eager(world, bf16_params):
             assert local * world == whole, (what, pairs)  # each rank holds 1/world
         assert run["compiles"][1:] == [run["compiles"][1]] * 3, run["compiles"]  # nothing compiles after step 2
         assert run["programs"][1:] == [run["programs"][1]] * 3, run["programs"]
+
+
+def _recipe_reference(recipe: dict, world: int) -> tuple[torch.Tensor, list, dict]:
+    """CPU eager of an FSDP2 recipe over ``world`` ranks: per micro-batch each rank's rows of it through the model,
+    the gradients averaged over the ranks (FSDP2's reduce-scatter, at the last micro-batch or at each: the sum is
+    the same), then the recipe's clipping and AdamW (foreach: fused and capturable compute the same step). Each
+    step's per-rank losses (steps x ranks), gradient norms and the final parameters."""
+    from dtensor_spmd_workers import _llama_loss
+
+    model, batches = W.recipe_problem(recipe)
+    opt = torch.optim.AdamW(model.parameters(), lr=W.RECIPE_LR, foreach=True)
+    micro, losses, norms = recipe["micro"], [], []
+    for ids in batches:
+        if recipe["zero_first"]:
+            opt.zero_grad()
+        step = torch.zeros(world)
+        for r, rows in enumerate(ids.chunk(world)):
+            for part in rows.chunk(micro):
+                loss = _llama_loss(model, part) / micro
+                (loss / world).backward()
+                step[r] += loss.detach()
+        clip = recipe["clip"]
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None)
+        opt.step()
+        if not recipe["zero_first"]:
+            opt.zero_grad()
+        losses.append(step)
+    return torch.stack(losses), norms, {k: p.detach() for k, p in model.named_parameters()}
+
+
+def test_fsdp2_recipes_over_two_replicas_train_as_cpu_eager():
+    # FSDP2 recipes (see W.REPLICA_RECIPES) in one spawn: checkpoint_wrapper + fused AdamW + no-sync micro-batch +
+    # clip_grad_norm_ (zero_grad first); torch.utils.checkpoint + capturable AdamW + plain accumulation (zero_grad
+    # last). Fused and capturable AdamW raised functionalization's "mutating a non-functional tensor with a
+    # functional tensor": their plain device step counters beside DTensor states (parallel/fsdp_ops.py), then the
+    # in-place fused step DTensor runs on its local tensors, relayed below lazyxla's kernel (lazy/subclass_relay.py)
+    world, names = 2, list(W.REPLICA_RECIPES)
+    runs = lazyxla.spawn(W.fsdp_recipes_replicas, args=(names,), nprocs=world, timeout_s=480)
+    for name in names:
+        recipe = W.REPLICA_RECIPES[name]
+        ref_losses, ref_norms, ref_params = _recipe_reference(recipe, world)
+        got = [run[name] for run in runs]
+        losses = torch.stack([torch.stack(g["losses"]) for g in got], 1)  # steps x ranks
+        torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        for g in got:
+            if recipe["clip"]:
+                torch.testing.assert_close(torch.stack(g["norms"]), torch.stack(ref_norms), rtol=1e-4, atol=1e-5)
+            assert g["compiles"][2:] == [0] * 2, (name, g["compiles"])  # nothing compiles after step 2
+            assert g["programs"][1:] == [g["programs"][1]] * 3, (name, g["programs"])
+            assert g["steps"] == ["DTensor"], (name, g["steps"])  # the device step counters are DTensors
+            assert g["forwards"] == 4 * 2 * 2 * 2, (name, g["forwards"])  # steps x micro x blocks, each run twice
+            for what, pairs in g["counts"].items():
+                local, whole = map(sum, zip(*pairs))
+                assert local * world == whole, (name, what, pairs)  # each rank holds 1/2
+        for pname, ref in ref_params.items():
+            value = torch.cat([g["params"][pname] for g in got])  # Shard(0) over the ranks, in rank order
+            torch.testing.assert_close(value, ref, rtol=1e-4, atol=1e-5, msg=lambda m, n=f"{name} {pname}": f"{n}: {m}")

@@ -13,7 +13,7 @@ from lazyxla.config import config
 from lazyxla.device import devices
 from lazyxla.device.devices import on_device
 from lazyxla.frontend import autocast, layout, modules, optimizers, registration, storage
-from lazyxla.lazy import check, rng
+from lazyxla.lazy import check, rng, subclass_relay
 from lazyxla.lazy.graph import wait_device_ops
 from lazyxla.lazy.meta import record
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS
@@ -338,9 +338,7 @@ def _fused_step(name: str):
     grads = [a.name for a in arguments].index("grads")
     original = torch_private.computed_kernel(f"aten::{name}", "AutogradPrivateUse1")
 
-    def kernel(keyset, *args, **kwargs):
-        if _subclass_of_its_own(args[0]):
-            return original.call_boxed(keyset, *args, **kwargs)
+    def step(*args, **kwargs):
         new = functional(*args, **kwargs)
         for i, values in zip(written, new):
             # the kernels write the gradients only to unscale them: without grad_scale they are unchanged
@@ -348,6 +346,14 @@ def _fused_step(name: str):
             if len(values) and (i != grads or kwargs.get("grad_scale") is not None):
                 torch_private.foreach_copy_(args[i], values)
 
+    def kernel(keyset, *args, **kwargs):
+        if _subclass_of_its_own(args[0]):
+            return original.call_boxed(keyset, *args, **kwargs)
+        step(*args, **kwargs)
+
+    # over replicas DTensor runs the in-place op on its local tensors (user's tensors), relayed below autograd,
+    # where this kernel is not: the relay runs the same functional form and copies (lazy/subclass_relay.py)
+    subclass_relay.relay_as(inplace, step)
     kernel.__name__ = kernel.__qualname__ = name.replace(".", "_")
     kernel.with_keyset = True
     return kernel

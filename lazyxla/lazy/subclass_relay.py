@@ -37,6 +37,7 @@ from lazyxla import torch_private
 _armed = False  # arm(): ops check for a subclass's relay
 _relaying = False  # inside a relayed op: a wrapper that reaches PrivateUse1 there is lazyxla's own business
 _libraries: dict[str, torch.library.Library] = {}
+_relayed_as: dict = {}  # op -> what a relay runs instead (relay_as)
 
 
 def _holds_wrapper(args, kwargs) -> bool:
@@ -64,9 +65,18 @@ def relayed(op, args, kwargs):
     _relaying = True
     try:
         with torch_private.functionalization_restored():
-            return op(*args, **kwargs)
+            return _relayed_as.get(op, op)(*args, **kwargs)
     finally:
         _relaying = False
+
+
+def relay_as(op, fn: Callable) -> None:
+    """Have a relay of ``op`` run ``fn(*args, **kwargs)`` instead: for ops whose lazyxla kernel is above
+    functionalization (at the Autograd key), which a relay, below autograd, does not reach.
+
+    Example: ``relay_as(aten._fused_adamw_.default, functional_step_and_copies)`` (frontend/kernels.py: PyTorch's
+    functionalization kernel of the in-place fused steps refuses an empty list argument)."""
+    _relayed_as[op] = fn
 
 
 def kernel(name: str, fn: Callable) -> Callable:

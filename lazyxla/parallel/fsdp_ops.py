@@ -10,7 +10,12 @@ lazyxla process group is made (one process per device: ``process_group``) and wh
 Over replicas (one process per device) FSDP2 also "frees" each all-gather output after resharding by resizing its
 storage to 0, which a lazy value has none of (``install_replicas``): the output is instead given a value that holds
 no buffer (an error leaf, which syncs skip and a read reports), so between steps a rank keeps only its shard; the
-next all-gather's copy-out replaces it whole.
+next all-gather's copy-out replaces it whole. AdamW with ``capturable=True`` or ``fused=True`` keeps each
+parameter's step counter on its device as a plain tensor and meets it with the DTensor states in in-place foreach ops
+and the fused kernel; functionalization (above DTensor's Python key) meets the user's tensor first and refuses to
+write a DTensor with it ("mutating a non-functional tensor with a functional tensor"), where CUDA's DTensor treats a
+plain scalar as replicated: the counter is made a DTensor replicated over the parameter's mesh (as SPMD mode's
+``dtensor`` does for a global mesh).
 
 Example::
 
@@ -84,9 +89,37 @@ def _free_unsharded_param(original):
     return free_unsharded_param
 
 
+def _adam_init_group(original):
+    def init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps):
+        has_complex = original(
+            self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
+        )
+        if not devices.spmd_enabled():  # (SPMD mode's dtensor.install replaces this too, for global meshes)
+            for i, (p, step) in enumerate(zip(params_with_grad, state_steps)):
+                if _plain_beside_dtensor(p, step):
+                    state_steps[i] = self.state[p]["step"] = _replicated(step, p.device_mesh)
+        return has_complex
+
+    return init_group
+
+
+def _plain_beside_dtensor(param, step) -> bool:
+    """Whether ``step`` is a plain lazyxla tensor beside ``param``, a DTensor (it has a device mesh)."""
+    on_mesh = getattr(param, "device_mesh", None) is not None
+    return on_mesh and type(step) is torch.Tensor and step.device.type == devices.torch_name()
+
+
+def _replicated(t: torch.Tensor, mesh):
+    """``t`` (a user's lazyxla tensor) as a DTensor replicated over ``mesh``."""
+    # imported here: torch.distributed.tensor is loaded only by runs whose optimizer steps DTensors
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
 def install_replicas() -> None:
-    """FSDP2 over lazyxla replicas: the copy ops' kernels (``functionalize``) and the all-gather outputs' freeing
-    without storage resizes (see the module docstring), once.
+    """FSDP2 over lazyxla replicas: the copy ops' kernels (``functionalize``), the all-gather outputs' freeing
+    without storage resizes and AdamW's device step counters as replicated DTensors (see the module docstring), once.
 
     Example::
 
@@ -94,5 +127,7 @@ def install_replicas() -> None:
     """
     functionalize()
     if not _replicas_installed:
-        torch_private.replace_dtensor_conversions({"fsdp_free_unsharded_param": _free_unsharded_param})
+        torch_private.replace_dtensor_conversions(
+            {"fsdp_free_unsharded_param": _free_unsharded_param, "adam_init_group": _adam_init_group}
+        )
         _replicas_installed.append(True)
