@@ -37,8 +37,10 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 
 import jax
@@ -47,7 +49,11 @@ from lazyxla.config import config, foreign_env
 from lazyxla.device.devices import DEVICE_NAMES
 from lazyxla.device.processes import _backend_started
 
-__all__ = ["PATH_DIR", "device_name", "install", "installed", "real_torch_xla", "uninstall"]
+__all__ = ["API_VERSION", "PATH_DIR", "device_name", "install", "installed", "real_torch_xla", "uninstall"]
+
+API_VERSION = "2.8.0"
+"""The torch_xla release whose Python API the layer follows (PJRT era): ``torch_xla.__version__`` and what
+``importlib.metadata.version("torch_xla")`` answer while the layer is installed (with a ``+lazyxla`` tag)."""
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PATH_DIR = os.path.join(_HERE, "_path")
@@ -84,8 +90,66 @@ class _AliasLoader(importlib.abc.Loader):
         module.__spec__ = self.spec
 
 
+def distribution_version() -> str:
+    """The version the layer's ``torch_xla`` distribution reports: :data:`API_VERSION` with a local tag naming
+    lazyxla (PEP 440, so version gates such as ``torch_xla>=2.5`` compare the API level).
+
+    Example::
+
+        print(lazyxla.compat.distribution_version())     # 2.8.0+lazyxla0.1.0
+    """
+    import lazyxla  # a function-level import: lazyxla's __init__ imports this package while it initialises
+
+    return f"{API_VERSION}+lazyxla{lazyxla.__version__}"
+
+
+def _normalized(name: str) -> str:
+    """A distribution name as importlib.metadata compares them (PEP 503: runs of ``-_.`` are one ``_``)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+class _Distribution(importlib.metadata.Distribution):
+    """The layer's ``torch_xla`` distribution: metadata only (no files, no requirements)."""
+
+    def read_text(self, filename):
+        if filename != "METADATA":
+            return None
+        return (
+            "Metadata-Version: 2.1\nName: torch_xla\n"
+            f"Version: {distribution_version()}\n"
+            "Summary: torch_xla's Python API over lazyxla (lazyxla.compat), not a torch_xla installation\n"
+        )
+
+    def locate_file(self, path):
+        return os.path.join(_HERE, "torch_xla", str(path))
+
+
+def _real_distribution(context, finder) -> bool:
+    """Whether a finder other than ``finder`` knows a ``torch_xla`` distribution (a real install)."""
+    for other in sys.meta_path:
+        find = getattr(other, "find_distributions", None)
+        if other is finder or find is None:
+            continue
+        try:
+            if next(iter(find(context)), None) is not None:
+                return True
+        except Exception:  # noqa: BLE001 - a third-party finder that cannot answer counts as not knowing it
+            continue
+    return False
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers ``torch_xla`` and its submodules with lazyxla's compatibility modules."""
+    """Answers ``torch_xla`` and its submodules with lazyxla's compatibility modules, and
+    ``importlib.metadata``'s questions about the ``torch_xla`` distribution (libraries gate their torch_xla
+    code paths on its version: Lightning's ``RequirementCache("torch_xla>=2.1")``)."""
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        # Only a question by name: listing every distribution (pip list, packages_distributions) stays truthful.
+        # A real torch_xla distribution is never shadowed, even one whose module cannot be imported.
+        name = getattr(context, "name", None)
+        if name is None or _normalized(name) != "torch_xla" or _real_distribution(context, self):
+            return iter(())
+        return iter((_Distribution(),))
 
     def find_spec(self, fullname, path=None, target=None):
         if not _is_torch_xla_name(fullname):

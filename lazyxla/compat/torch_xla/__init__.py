@@ -26,11 +26,12 @@ from collections.abc import Callable
 import torch
 
 import lazyxla
+from lazyxla import compat as _compat
 from lazyxla.compat._common import missing_attribute, platform_name, unsupported
 from lazyxla.config import config, foreign_env
 from lazyxla.observe import metrics
 
-__version__ = f"2.8.0+lazyxla{lazyxla.__version__}"
+__version__ = _compat.distribution_version()
 """The torch_xla API level this layer follows (PJRT era), tagged with lazyxla's version."""
 
 __lazyxla_compat__ = True
