@@ -49,6 +49,7 @@ LAYERS = {
     "lazyxla.metrics": "top",
     "lazyxla.profiler": "top",
     "lazyxla.run": "top",
+    "lazyxla.lightning": "top",
     "lazyxla.runtime": "top",
     "lazyxla.spmd": "top",
     # deprecated aliases of moved modules (kept for one release)

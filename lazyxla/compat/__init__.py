@@ -98,9 +98,8 @@ def distribution_version() -> str:
 
         print(lazyxla.compat.distribution_version())     # 2.8.0+lazyxla0.1.0
     """
-    import lazyxla  # a function-level import: lazyxla's __init__ imports this package while it initialises
-
-    return f"{API_VERSION}+lazyxla{lazyxla.__version__}"
+    # the parent package is loaded whenever this one is (no import: lazyxla's __init__ imports this package)
+    return f"{API_VERSION}+lazyxla{sys.modules['lazyxla'].__version__}"
 
 
 def _normalized(name: str) -> str:
@@ -143,10 +142,10 @@ class _Finder(importlib.abc.MetaPathFinder):
     ``importlib.metadata``'s questions about the ``torch_xla`` distribution (libraries gate their torch_xla
     code paths on its version: Lightning's ``RequirementCache("torch_xla>=2.1")``)."""
 
-    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+    def find_distributions(self, context=None):
         # Only a question by name: listing every distribution (pip list, packages_distributions) stays truthful.
         # A real torch_xla distribution is never shadowed, even one whose module cannot be imported.
-        name = getattr(context, "name", None)
+        name = getattr(context, "name", None)  # importlib.metadata passes a DistributionFinder.Context
         if name is None or _normalized(name) != "torch_xla" or _real_distribution(context, self):
             return iter(())
         return iter((_Distribution(),))

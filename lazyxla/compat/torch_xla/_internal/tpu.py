@@ -198,7 +198,7 @@ def get_tpu_env() -> dict:
     """The TPU VM's environment (``ACCELERATOR_TYPE``, ``TPU_PROCESS_BOUNDS``, ``WORKER_ID``, ...).
 
     From the variables when ``TPU_SKIP_MDS_QUERY`` is set, else from the TPU VM's metadata server. A host
-    without TPU chips has no TPU environment: ``EnvironmentError`` (torch_xla's fails there too, querying a
+    without TPU chips has no TPU environment: ``OSError`` (torch_xla's fails there too, querying a
     metadata server that does not answer).
 
     Example::
@@ -208,14 +208,14 @@ def get_tpu_env() -> dict:
     if _using_env_vars():
         return build_tpu_env_from_vars()
     if not num_available_chips():
-        raise EnvironmentError(
+        raise OSError(
             "Failed to get TPU metadata: this host has no TPU chips on its PCI bus (not a TPU VM); set "
             "TPU_SKIP_MDS_QUERY=1 and TPU_ACCELERATOR_TYPE (e.g. v4-8) to describe one"
         )
     try:
         return _parse_tpu_env(_get_metadata("tpu-env"))
     except OSError as e:
-        raise EnvironmentError("Failed to get TPU metadata") from e
+        raise OSError("Failed to get TPU metadata") from e
 
 
 def worker_id() -> int:

@@ -1,0 +1,117 @@
+"""A Lightning script as a torch_xla user writes it (imports nothing from lazyxla or torch_xla).
+
+``python lightning_train.py OUT ACCELERATOR DEVICES [OPTIMIZER]``: seeds, builds a tiny LightningModule, fits it
+for one epoch of 4 batches (fixed data, batch 4; SGD with momentum or Adam), validates, tests and predicts, and
+saves ``OUT/result_<rank>.pt``: the losses of every step, the initial and final parameters, the validation and
+test losses, the predictions, and which of Lightning's classes ran (strategy, precision, accelerator, the
+parameters' device, the training loader's type). ``ACCELERATOR`` is Lightning's (``cpu``, ``tpu``, ``auto``),
+or ``lazyxla``: ``strategy=lazyxla.lightning.Strategy()`` (the integration without torch_xla).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Tiny(LightningModule):
+    def __init__(self, optimizer: str) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        self.optimizer = optimizer
+        self.losses: list[torch.Tensor] = []
+        self.eval_losses: dict[str, list[torch.Tensor]] = {"val": [], "test": []}
+        self.seen = {}
+
+    def forward(self, x):
+        return self.net(x)
+
+    def _loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.losses.append(loss.detach())
+        self.seen["param_device"] = str(next(self.parameters()).device)
+        self.seen["batch_device"] = str(batch[0].device)
+        return loss
+
+    def on_train_start(self):
+        self.seen["train_loader"] = type(self.trainer.train_dataloader).__name__
+
+    def validation_step(self, batch, batch_idx):
+        self.eval_losses["val"].append(self._loss(batch).detach())
+
+    def test_step(self, batch, batch_idx):
+        self.eval_losses["test"].append(self._loss(batch).detach())
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0]).softmax(-1)
+
+    def configure_optimizers(self):
+        if self.optimizer == "adam":
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+        return torch.optim.SGD(self.parameters(), lr=0.2, momentum=0.9)
+
+
+def _placement(name: str) -> dict:
+    """Trainer's accelerator/strategy arguments: Lightning's accelerator names, or ``lazyxla`` (the
+    integration's strategy), ``lazyxla-accelerator-only`` (its accelerator alone, which must refuse)."""
+    if name.startswith("lazyxla"):
+        import lazyxla.lightning  # only in these modes: the others import nothing of lazyxla's
+
+        if name == "lazyxla-accelerator-only":
+            return {"accelerator": lazyxla.lightning.Accelerator()}
+        return {"strategy": lazyxla.lightning.Strategy()}
+    return {"accelerator": name}
+
+
+def _cpu(values):
+    return [v.detach().to("cpu") for v in values]
+
+
+def main(out: Path, accelerator: str, devices: int, optimizer: str) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    data = TensorDataset(x, y)
+    model = Tiny(optimizer)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(
+        **_placement(accelerator),
+        devices=devices,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    loader = DataLoader(data, batch_size=4 // devices if devices > 1 else 4, shuffle=False)
+    trainer.fit(model, train_dataloaders=loader, val_dataloaders=DataLoader(data, batch_size=8))
+    trainer.test(model, DataLoader(data, batch_size=8), verbose=False)
+    predictions = trainer.predict(model, DataLoader(data, batch_size=8))
+    result = {
+        "initial": initial,
+        "final": {k: v.detach().to("cpu") for k, v in model.state_dict().items()},
+        "losses": torch.stack(_cpu(model.losses)),
+        "val": torch.stack(_cpu(model.eval_losses["val"])),
+        "test": torch.stack(_cpu(model.eval_losses["test"])),
+        "predictions": torch.cat(_cpu(predictions)) if predictions else torch.zeros(0),
+        "strategy": type(trainer.strategy).__name__,
+        "precision": type(trainer.precision_plugin).__name__,
+        "accelerator": type(trainer.accelerator).__name__,
+        "param_device": model.seen.get("param_device"),
+        "batch_device": model.seen.get("batch_device"),
+        "train_loader": model.seen.get("train_loader"),
+        "rank": trainer.global_rank,
+    }
+    torch.save(result, out / f"result_{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "sgd")

@@ -1,0 +1,88 @@
+"""PyTorch Lightning, unmodified, both ways: its XLA path under ``python -m lazyxla.run`` and
+``lazyxla.lightning.Strategy`` without torch_xla; each equal to the CPU.
+
+``scripts/lightning_train.py`` fits a tiny LightningModule one epoch (4 batches of 4, fixed data; SGD with
+momentum, and Adam), validates, tests and predicts. Under ``python -m lazyxla.run`` with ``accelerator="tpu"``
+or ``"auto"`` Lightning finds torch_xla (``importlib.metadata`` answers its version, ``torch_xla._internal.tpu``
+its devices) and takes its XLA path: ``XLAAccelerator``, ``SingleDeviceXLAStrategy``, ``XLAPrecision``
+(``xm.optimizer_step``), batches moved by ``MpDeviceLoader``; ``accelerator="cpu"`` there stays on the CPU.
+Without the layer, ``strategy=lazyxla.lightning.Strategy()`` puts the run on lazyxla's device; its accelerator
+alone is refused
+(Lightning would give it a CPU strategy). The rule: losses, validation/test losses, predictions and final
+parameters within 1e-4 of the plain CPU run, which moved the weights by far more. Each run is a subprocess
+(about 10 s on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.clients.scripts import HERE, RTOL, assert_params_close, assert_same_start_and_real_training
+from tests.util import run_python
+
+pytest.importorskip("lightning", reason="Lightning is pinned in requirements.txt; install it to run these tests")
+
+SCRIPT = str(HERE / "lightning_train.py")
+
+
+def _run(folder, accelerator: str, optimizer: str, lazy_run: bool, expect_ok: bool = True):
+    folder.mkdir()
+    launcher = ["-m", "lazyxla.run"] if lazy_run else []
+    proc = run_python([*launcher, SCRIPT, str(folder), accelerator, "1", optimizer], folder, timeout=600)
+    if not expect_ok:
+        return proc
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(folder / "result_0.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module", params=["sgd", "adam"])
+def cpu(request, tmp_path_factory) -> tuple[str, dict]:
+    """The script on the CPU with plain python (Lightning's CPUAccelerator, no lazyxla)."""
+    result = _run(tmp_path_factory.mktemp("cpu") / "out", "cpu", request.param, lazy_run=False)
+    assert result["strategy"] == "SingleDeviceStrategy" and result["param_device"] == "cpu"
+    return request.param, result
+
+
+def _assert_equal_to_cpu(result: dict, cpu: dict) -> None:
+    assert_same_start_and_real_training(result, cpu)
+    for key in ("losses", "val", "test", "predictions"):
+        assert result[key].shape == cpu[key].shape and result[key].numel() > 0, key
+        torch.testing.assert_close(result[key], cpu[key], rtol=RTOL, atol=RTOL, msg=lambda m, k=key: f"{k}: {m}")
+    assert_params_close(result["final"], cpu["final"])
+
+
+@pytest.mark.parametrize("accelerator", ["tpu", "auto"])
+def test_xla_path_under_lazyxla_run_equals_cpu(cpu, accelerator, tmp_path) -> None:
+    optimizer, want = cpu
+    got = _run(tmp_path / "out", accelerator, optimizer, lazy_run=True)
+    assert (got["accelerator"], got["strategy"], got["precision"]) == (
+        "XLAAccelerator",
+        "SingleDeviceXLAStrategy",
+        "XLAPrecision",
+    )
+    assert got["param_device"] == got["batch_device"] == "xla:0"
+    _assert_equal_to_cpu(got, want)
+
+
+def test_cpu_accelerator_under_lazyxla_run_stays_on_cpu(cpu, tmp_path) -> None:
+    optimizer, want = cpu
+    got = _run(tmp_path / "out", "cpu", optimizer, lazy_run=True)
+    assert (got["accelerator"], got["strategy"]) == ("CPUAccelerator", "SingleDeviceStrategy")
+    assert got["param_device"] == got["batch_device"] == "cpu"
+    _assert_equal_to_cpu(got, want)
+
+
+def test_lazyxla_strategy_without_torch_xla_equals_cpu(cpu, tmp_path) -> None:
+    optimizer, want = cpu
+    got = _run(tmp_path / "out", "lazyxla", optimizer, lazy_run=False)
+    assert (got["accelerator"], got["strategy"]) == ("Accelerator", "Strategy")
+    assert got["param_device"] == got["batch_device"] == "lazyxla:0"
+    _assert_equal_to_cpu(got, want)
+
+
+def test_lazyxla_accelerator_alone_is_refused_not_run_on_cpu(tmp_path) -> None:
+    proc = _run(tmp_path / "out", "lazyxla-accelerator-only", "sgd", lazy_run=False, expect_ok=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr[-3000:]
+    assert "strategy=lazyxla.lightning.Strategy()" in proc.stderr
+    assert not list((tmp_path / "out").glob("result_*.pt"))
