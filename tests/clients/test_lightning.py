@@ -86,3 +86,32 @@ def test_lazyxla_accelerator_alone_is_refused_not_run_on_cpu(tmp_path) -> None:
     assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr[-3000:]
     assert "strategy=lazyxla.lightning.Strategy()" in proc.stderr
     assert not list((tmp_path / "out").glob("result_*.pt"))
+
+
+def test_xla_path_on_two_processes_equals_cpu_whole_batch(tmp_path) -> None:
+    """``Trainer(accelerator="tpu", devices=2)`` under ``python -m lazyxla.run`` (``CPU_NUM_DEVICES=2``):
+    Lightning's XLA launcher calls ``xmp.spawn(..., join=False)``, then XLAStrategy trains each rank on half of
+    every batch of 4 and ``xm.optimizer_step`` all-reduces the gradients. Equal to one CPU process training on
+    the whole batches (in the order of Lightning's shuffling DistributedSampler): the ranks' mean loss is the
+    whole batch's at every step, and both ranks end with the CPU's parameters."""
+    (tmp_path / "cpu").mkdir()
+    proc = run_python([SCRIPT, str(tmp_path / "cpu"), "cpu-epoch-order", "1", "sgd"], tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    want = torch.load(tmp_path / "cpu" / "result_0.pt", weights_only=True)
+    (tmp_path / "xla").mkdir()
+    command = ["-m", "lazyxla.run", SCRIPT, str(tmp_path / "xla"), "tpu", "2", "sgd"]
+    proc = run_python(command, tmp_path, timeout=300, CPU_NUM_DEVICES="2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ranks = [torch.load(tmp_path / "xla" / f"result_{r}.pt", weights_only=True) for r in (0, 1)]
+    for rank, got in enumerate(ranks):
+        assert (got["rank"], got["world_size"], got["strategy"], got["precision"]) == (
+            rank,
+            2,
+            "XLAStrategy",
+            "XLAPrecision",
+        )
+        assert got["param_device"] == got["batch_device"] == "xla:0"
+        assert_same_start_and_real_training(got, want)
+        assert_params_close(got["final"], want["final"])
+    assert len(want["losses"]) == 4
+    torch.testing.assert_close((ranks[0]["losses"] + ranks[1]["losses"]) / 2, want["losses"], rtol=RTOL, atol=RTOL)

@@ -5,7 +5,9 @@ for one epoch of 4 batches (fixed data, batch 4; SGD with momentum or Adam), val
 saves ``OUT/result_<rank>.pt``: the losses of every step, the initial and final parameters, the validation and
 test losses, the predictions, and which of Lightning's classes ran (strategy, precision, accelerator, the
 parameters' device, the training loader's type). ``ACCELERATOR`` is Lightning's (``cpu``, ``tpu``, ``auto``),
-or ``lazyxla``: ``strategy=lazyxla.lightning.Strategy()`` (the integration without torch_xla).
+``cpu-epoch-order`` (the CPU, batches in the order of Lightning's DistributedSampler: the reference of
+``DEVICES`` = 2), or ``lazyxla``: ``strategy=lazyxla.lightning.Strategy()`` (the integration without torch_xla).
+With ``DEVICES`` > 1 only fit runs (in Lightning's processes), and each process saves its own result.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Tiny(LightningModule):
-    def __init__(self, optimizer: str) -> None:
+    def __init__(self, optimizer: str, save_fit_to: Path | None = None) -> None:
         super().__init__()
+        self.save_fit_to = save_fit_to  # several processes: each saves its own fit's result (see main)
         self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
         self.optimizer = optimizer
         self.losses: list[torch.Tensor] = []
@@ -43,6 +46,23 @@ class Tiny(LightningModule):
 
     def on_train_start(self):
         self.seen["train_loader"] = type(self.trainer.train_dataloader).__name__
+
+    def on_train_end(self):  # not on_fit_end: XLAStrategy has torn down (its ranks read 0) by then
+        if self.save_fit_to is None:
+            return
+        result = {
+            "initial": self.initial,
+            "final": {k: v.detach().to("cpu") for k, v in self.state_dict().items()},
+            "losses": torch.stack(_cpu(self.losses)),
+            "val": torch.stack(_cpu(self.eval_losses["val"])),
+            "strategy": type(self.trainer.strategy).__name__,
+            "precision": type(self.trainer.precision_plugin).__name__,
+            "accelerator": type(self.trainer.accelerator).__name__,
+            "world_size": self.trainer.world_size,
+            "rank": self.global_rank,
+            **{k: self.seen.get(k) for k in ("param_device", "batch_device", "train_loader")},
+        }
+        torch.save(result, self.save_fit_to / f"result_{self.global_rank}.pt")
 
     def validation_step(self, batch, batch_idx):
         self.eval_losses["val"].append(self._loss(batch).detach())
@@ -68,7 +88,7 @@ def _placement(name: str) -> dict:
         if name == "lazyxla-accelerator-only":
             return {"accelerator": lazyxla.lightning.Accelerator()}
         return {"strategy": lazyxla.lightning.Strategy()}
-    return {"accelerator": name}
+    return {"accelerator": "cpu" if name == "cpu-epoch-order" else name}
 
 
 def _cpu(values):
@@ -79,8 +99,11 @@ def main(out: Path, accelerator: str, devices: int, optimizer: str) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     data = TensorDataset(x, y)
-    model = Tiny(optimizer)
+    # devices > 1: Lightning's launcher fits in new processes (xmp.spawn on its XLA path); the losses and
+    # parameters live there, so each process saves its own result at the end of training, and only fit runs
+    model = Tiny(optimizer, save_fit_to=out if devices > 1 else None)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model.initial = initial
     trainer = Trainer(
         **_placement(accelerator),
         devices=devices,
@@ -91,8 +114,19 @@ def main(out: Path, accelerator: str, devices: int, optimizer: str) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    loader = DataLoader(data, batch_size=4 // devices if devices > 1 else 4, shuffle=False)
+    if devices > 1 or accelerator == "cpu-epoch-order":
+        # With several processes Lightning always gives the training loader a shuffling DistributedSampler
+        # (seed 0): rank r takes order[r::devices]. "cpu-epoch-order" is the one-process reference: batches of
+        # 4 in that order, which step k of the ranks splits between them (the same samples, whole batch)
+        generator = torch.Generator()
+        generator.manual_seed(0)
+        order = torch.randperm(len(data), generator=generator).tolist()  # DistributedSampler's, epoch 0
+        loader = DataLoader(data, batch_size=4 // devices, sampler=order if devices == 1 else None)
+    else:
+        loader = DataLoader(data, batch_size=4, shuffle=False)
     trainer.fit(model, train_dataloaders=loader, val_dataloaders=DataLoader(data, batch_size=8))
+    if devices > 1:
+        return
     trainer.test(model, DataLoader(data, batch_size=8), verbose=False)
     predictions = trainer.predict(model, DataLoader(data, batch_size=8))
     result = {

@@ -254,7 +254,12 @@ class MpDeviceLoader:
             loader = pl.MpDeviceLoader(DataLoader(ds, batch_size=8), dev)
             assert loader.dataset is ds
         """
-        return self._loader.dataset
+        return self.__dict__.get("_dataset", self._loader.dataset)
+
+    @dataset.setter
+    def dataset(self, value) -> None:
+        # torch_xla's plain attribute is settable: Lightning's XLAStrategy sets it ("mimic a DataLoader")
+        self.__dict__["_dataset"] = value
 
 
 def __getattr__(name: str):

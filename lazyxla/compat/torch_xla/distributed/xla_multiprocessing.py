@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lazyxla
-from lazyxla.compat._common import missing_attribute, unsupported
+from lazyxla.compat._common import missing_attribute
 from lazyxla.compat.torch_xla.distributed import xla_backend  # noqa: F401  (see below)
 from lazyxla.config import foreign_env
 
@@ -69,26 +69,43 @@ def spawn(
     start_method: str = "spawn",
 ) -> Any:
     """Run ``fn(index, *args)`` once per replica; returns the replicas' return values, in index order (one
-    value, not a list, when it ran in this process). ``join=False`` is not supported; ``daemon`` is
-    ignored (replicas never outlive the call).
+    value, not a list, when it ran in this process). ``daemon`` is ignored (replicas never outlive the call).
+
+    ``join=False`` returns ``None`` once every replica has finished, as torch_xla's PJRT runtime does (its
+    ``spawn`` ignores ``join``, blocks, and returns ``None``): a caller that would join a process context
+    itself, as Lightning's XLA launcher does (``if process_context is not None: ... join()``), finds the
+    replicas done. A failed replica raises ``lazyxla.SpawnError`` either way.
 
     Example::
 
         if __name__ == "__main__":
             xmp.spawn(_mp_fn, args=(flags,), nprocs=None)
     """
-    if not join:
-        unsupported("torch_xla.distributed.xla_multiprocessing.spawn(join=False)", "lazyxla.spawn (always joins)")
     one_cpu_device = False
     if nprocs is None:
         nprocs, one_cpu_device = default_nprocs()
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"xmp.spawn: nprocs must be None or a positive int, got {nprocs!r}")
     if nprocs == 1:
-        return fn(0, *args)
-    return lazyxla.spawn(
-        fn, args=tuple(args), nprocs=nprocs, start_method=start_method, cpu_devices=1 if one_cpu_device else None
-    )
+        result = fn(0, *args)
+    else:
+        result = lazyxla.spawn(
+            fn,
+            args=tuple(args),
+            nprocs=nprocs,
+            start_method=_start_method(start_method),
+            cpu_devices=1 if one_cpu_device else None,
+        )
+    # join=False: no process context to hand back (torch_xla's PJRT spawn returns None, having joined)
+    return result if join else None
+
+
+def _start_method(asked: str) -> str:
+    """How replicas start: ``fork`` (Lightning's XLA launcher asks for it) becomes ``spawn``. This process runs
+    JAX's threads (lazyxla imports and starts JAX); a forked child inherits their locks but not the threads and
+    deadlocks (JAX warns so), where torch_xla forks before its runtime starts. ``fn`` and ``args`` must then
+    pickle, as Lightning's launcher requires of them anyway."""
+    return "spawn" if asked == "fork" else asked
 
 
 class MpModelWrapper:
