@@ -26,6 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.fabric.accelerators import ACCELERATOR_REGISTRY as _FABRIC_ACCELERATORS
+from lightning.fabric.strategies import STRATEGY_REGISTRY as _FABRIC_STRATEGIES
+from lightning.fabric.strategies import SingleDeviceStrategy as _FabricSingleDeviceStrategy
 from lightning.pytorch.accelerators import Accelerator as _LightningAccelerator
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
@@ -33,10 +36,11 @@ from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 from lazyxla.device.devices import local_devices, torch_device, torch_name
 from lazyxla.lazy.graph import sync
 
-__all__ = ["Accelerator", "Strategy"]
+__all__ = ["Accelerator", "FabricStrategy", "Strategy"]
 
 NAME = "lazyxla"
-"""The name both are registered under: ``Trainer(accelerator="lazyxla", strategy="lazyxla")``."""
+"""The name all are registered under: ``Trainer(accelerator="lazyxla", strategy="lazyxla")``,
+``Fabric(strategy="lazyxla")``."""
 
 
 def _one_device(devices: Any) -> int:
@@ -63,9 +67,10 @@ class Accelerator(_LightningAccelerator):
         # Lightning calls this with its strategy's device before anything moves: refuse Lightning's CPU default
         if device.type != torch_name():
             raise ValueError(
-                f"Trainer(accelerator=lazyxla.lightning.Accelerator()) got a strategy on {device}: Lightning "
-                "does not know lazyxla's device and would train on the CPU; pass "
-                "strategy=lazyxla.lightning.Strategy() instead (it brings this accelerator)"
+                f"accelerator=lazyxla.lightning.Accelerator() got a strategy on {device}: Lightning does not "
+                "know lazyxla's device and would train on the CPU; pass strategy=lazyxla.lightning.Strategy() "
+                "to a Trainer, or strategy='lazyxla' (lazyxla.lightning.FabricStrategy()) to Fabric, instead "
+                "(each brings this accelerator)"
             )
 
     def teardown(self) -> None:
@@ -124,5 +129,49 @@ class Strategy(SingleDeviceStrategy):
         strategy_registry.register(NAME, cls, description=cls.__name__, override=True)
 
 
+class FabricStrategy(_FabricSingleDeviceStrategy):
+    """Lightning Fabric's single-device strategy on lazyxla's device (index 0), ending each optimizer step with
+    a sync; registered as ``Fabric(strategy="lazyxla")``. (Fabric has its own strategy classes: a Trainer's
+    :class:`Strategy` is not one.)
+
+    Example::
+
+        fabric = Fabric(strategy=lazyxla.lightning.FabricStrategy())  # or accelerator=strategy="lazyxla"
+        model, optimizer = fabric.setup(model, optimizer)
+        loader = fabric.setup_dataloaders(loader)
+    """
+
+    def __init__(self, accelerator: Accelerator | None = None, **kwargs: Any) -> None:
+        super().__init__(device=torch_device(0), accelerator=accelerator or Accelerator(), **kwargs)
+
+    @property
+    def accelerator(self):
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator) -> None:
+        # Fabric(strategy="lazyxla") builds this strategy from its name after choosing an accelerator itself (the
+        # CPU's for "auto") and hands it over: refuse it rather than train on the CPU in silence
+        if accelerator is not None and not isinstance(accelerator, Accelerator):
+            raise ValueError(
+                f"Fabric gave lazyxla's strategy its {type(accelerator).__name__}: pass "
+                "Fabric(accelerator='lazyxla', strategy='lazyxla') or "
+                "Fabric(strategy=lazyxla.lightning.FabricStrategy())"
+            )
+        self._accelerator = accelerator
+
+    def optimizer_step(self, optimizer, **kwargs: Any) -> Any:
+        output = super().optimizer_step(optimizer, **kwargs)
+        sync()  # one program per training step, as Strategy.optimizer_step
+        return output
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(NAME, cls, description=cls.__name__, override=True)
+
+
 Accelerator.register_accelerators(AcceleratorRegistry)
 Strategy.register_strategies(StrategyRegistry)
+# Fabric's registries are its own; its accelerator base class is the one Lightning's Accelerator extends
+Accelerator.register_accelerators(_FABRIC_ACCELERATORS)
+FabricStrategy.register_strategies(_FABRIC_STRATEGIES)
