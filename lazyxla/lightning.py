@@ -7,7 +7,7 @@ Example::
     import lightning.pytorch as pl
     import lazyxla.lightning
 
-    trainer = pl.Trainer(strategy=lazyxla.lightning.Strategy(), max_epochs=1)   # or strategy="lazyxla"
+    trainer = pl.Trainer(strategy=lazyxla.lightning.Strategy(), max_epochs=1)   # or accelerator="lazyxla", strategy="lazyxla"
     trainer.fit(model, train_loader, val_loader)
     trainer.test(model, test_loader)
     predictions = trainer.predict(model, test_loader)

@@ -104,6 +104,15 @@ class Accelerator(_LightningAccelerator):
         accelerator_registry.register(NAME, cls, description=cls.__name__, override=True)
 
 
+def _own_accelerator(accelerator, forms: str):
+    """``accelerator`` if it is lazyxla's (or None). Lightning and Fabric build a strategy named by a string
+    (``strategy="lazyxla"``) after choosing an accelerator themselves (the CPU's for ``"auto"``) and hand it over:
+    refused, naming ``forms`` (what to pass instead), rather than training on the CPU in silence."""
+    if accelerator is not None and not isinstance(accelerator, Accelerator):
+        raise ValueError(f"lazyxla's strategy was given Lightning's {type(accelerator).__name__}: pass {forms}")
+    return accelerator
+
+
 class Strategy(SingleDeviceStrategy):
     """Lightning's single-device strategy on lazyxla's device (index 0), ending each optimizer step with a sync.
 
@@ -118,6 +127,15 @@ class Strategy(SingleDeviceStrategy):
 
     def __init__(self, accelerator: Accelerator | None = None, **kwargs: Any) -> None:
         super().__init__(device=torch_device(0), accelerator=accelerator or Accelerator(), **kwargs)
+
+    @property
+    def accelerator(self):
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator) -> None:
+        forms = "Trainer(accelerator='lazyxla', strategy='lazyxla') or Trainer(strategy=lazyxla.lightning.Strategy())"
+        self._accelerator = _own_accelerator(accelerator, forms)
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -150,15 +168,10 @@ class FabricStrategy(_FabricSingleDeviceStrategy):
 
     @accelerator.setter
     def accelerator(self, accelerator) -> None:
-        # Fabric(strategy="lazyxla") builds this strategy from its name after choosing an accelerator itself (the
-        # CPU's for "auto") and hands it over: refuse it rather than train on the CPU in silence
-        if accelerator is not None and not isinstance(accelerator, Accelerator):
-            raise ValueError(
-                f"Fabric gave lazyxla's strategy its {type(accelerator).__name__}: pass "
-                "Fabric(accelerator='lazyxla', strategy='lazyxla') or "
-                "Fabric(strategy=lazyxla.lightning.FabricStrategy())"
-            )
-        self._accelerator = accelerator
+        forms = (
+            "Fabric(accelerator='lazyxla', strategy='lazyxla') or Fabric(strategy=lazyxla.lightning.FabricStrategy())"
+        )
+        self._accelerator = _own_accelerator(accelerator, forms)
 
     def optimizer_step(self, optimizer, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, **kwargs)

@@ -73,9 +73,10 @@ def test_cpu_accelerator_under_lazyxla_run_stays_on_cpu(cpu, tmp_path) -> None:
     _assert_equal_to_cpu(got, want)
 
 
-def test_lazyxla_strategy_without_torch_xla_equals_cpu(cpu, tmp_path) -> None:
+@pytest.mark.parametrize("placement", ["lazyxla", "lazyxla-names"])
+def test_lazyxla_strategy_without_torch_xla_equals_cpu(cpu, placement, tmp_path) -> None:
     optimizer, want = cpu
-    got = _run(tmp_path / "out", "lazyxla", optimizer, lazy_run=False)
+    got = _run(tmp_path / "out", placement, optimizer, lazy_run=False)
     assert (got["accelerator"], got["strategy"]) == ("Accelerator", "Strategy")
     assert got["param_device"] == got["batch_device"] == "lazyxla:0"
     _assert_equal_to_cpu(got, want)
@@ -85,6 +86,13 @@ def test_lazyxla_accelerator_alone_is_refused_not_run_on_cpu(tmp_path) -> None:
     proc = _run(tmp_path / "out", "lazyxla-accelerator-only", "sgd", lazy_run=False, expect_ok=False)
     assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr[-3000:]
     assert "strategy=lazyxla.lightning.Strategy()" in proc.stderr
+    assert not list((tmp_path / "out").glob("result_*.pt"))
+
+
+def test_lazyxla_strategy_name_alone_is_refused_not_run_on_cpu(tmp_path) -> None:
+    proc = _run(tmp_path / "out", "lazyxla-strategy-name-only", "sgd", lazy_run=False, expect_ok=False)
+    assert proc.returncode == 1 and "CPUAccelerator" in proc.stderr, proc.stderr[-3000:]
+    assert "Trainer(accelerator='lazyxla', strategy='lazyxla')" in proc.stderr
     assert not list((tmp_path / "out").glob("result_*.pt"))
 
 

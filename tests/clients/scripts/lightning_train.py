@@ -81,12 +81,17 @@ class Tiny(LightningModule):
 
 def _placement(name: str) -> dict:
     """Trainer's accelerator/strategy arguments: Lightning's accelerator names, or ``lazyxla`` (the
-    integration's strategy), ``lazyxla-accelerator-only`` (its accelerator alone, which must refuse)."""
+    integration's strategy), ``lazyxla-names`` (both by their registered names), ``lazyxla-accelerator-only`` and
+    ``lazyxla-strategy-name-only`` (its accelerator alone, its strategy's name alone: each must refuse)."""
     if name.startswith("lazyxla"):
         import lazyxla.lightning  # only in these modes: the others import nothing of lazyxla's
 
         if name == "lazyxla-accelerator-only":
             return {"accelerator": lazyxla.lightning.Accelerator()}
+        if name == "lazyxla-names":  # the registered names
+            return {"accelerator": "lazyxla", "strategy": "lazyxla"}
+        if name == "lazyxla-strategy-name-only":  # Lightning would hand it its CPU accelerator: must refuse
+            return {"strategy": "lazyxla"}
         return {"strategy": lazyxla.lightning.Strategy()}
     return {"accelerator": "cpu" if name == "cpu-epoch-order" else name}
 
