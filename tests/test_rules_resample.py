@@ -79,9 +79,26 @@ def test_lanczos(size):
     check(lambda x: op(x, size, False), _r(1, 2, 9, 8), grad=True, **TOL)
 
 
+HALF_EXACT = [("nearest", 2), ("nearest-exact", 2), ("linear", 1), ("bicubic", 2), ("trilinear", 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode,nd", HALF_EXACT)
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_interpolate_half_exact(dtype, mode, nd, align_corners):
+    # the CPU kernels keep interpolation weights in the half type and compute in float32: forward values match
+    # to the last bit (bilinear's 2-d kernel sums in another order: one ulp, in test_interpolate_half; float16
+    # bicubic with a scale factor differs by one ulp in ~3% of values, for a reason not found)
+    ac = align_corners if mode not in ("nearest", "nearest-exact") else None
+    x = _r(*SHAPES[nd], dtype=dtype, grad=False)
+    ulp = 1e-3 if (mode, dtype, ac) == ("bicubic", torch.float16, False) else 0
+    check(lambda x: F.interpolate(x, scale_factor=1.7, mode=mode, align_corners=ac), x, rtol=0, atol=ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
-def test_interpolate_bfloat16(mode):
-    x = _r(2, 3, 6, 5, dtype=torch.bfloat16)
+def test_interpolate_half(mode, dtype):
+    x = _r(2, 3, 6, 5, dtype=dtype)
     check(lambda x: F.interpolate(x, scale_factor=1.5, mode=mode), x, grad=True, rtol=1.6e-2, atol=1e-2)
 
 
@@ -89,6 +106,21 @@ def test_interpolate_bfloat16(mode):
 def test_interpolate_nearest_uint8(mode):
     x = torch.randint(0, 256, (1, 3, 5, 7), dtype=torch.uint8)
     check(lambda x: F.interpolate(x, size=(8, 4), mode=mode), x)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("align_corners,antialias", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("channels", [3, 5])
+def test_interpolate_uint8_exact(mode, align_corners, antialias, channels):
+    # PyTorch's uint8 kernel (Pillow's): int16 fixed-point weights, rounded and clipped to uint8 after each axis;
+    # equal to the last bit (float32 math rounded once differs by 1 in ~16% of values, bicubic by up to 28)
+    torch.manual_seed(channels)
+    x = torch.randint(0, 256, (2, channels, 9, 11), dtype=torch.uint8)
+    for size in ((5, 7), (13, 20), (30, 4)):
+        fn = lambda x, size=size: F.interpolate(  # noqa: E731
+            x, size=size, mode=mode, align_corners=align_corners, antialias=antialias
+        )
+        check(fn, x, rtol=0, atol=0)
 
 
 def test_upsample_modules_train_step():

@@ -64,16 +64,18 @@ def _nearest_taps(n_in: int, n_out: int, scale, exact: bool):
     return np.minimum(np.floor(pos).astype(np.int64), n_in - 1)[:, None], None
 
 
-def _linear_taps(ft, n_in: int, n_out: int, align_corners: bool, scale):
-    """``compute_source_index_and_lambda``: two input indices and their weights per output index."""
+def _linear_taps(ft, wt, n_in: int, n_out: int, align_corners: bool, scale):
+    """``compute_source_index_and_lambda``: two input indices and their weights (kept in ``wt``) per output index."""
     dst = np.arange(n_out)
     if n_out == n_in:
         return np.stack([dst, dst], 1), np.stack([np.ones(n_out, ft), np.zeros(n_out, ft)], 1)
     src = _source_index(ft, _area_scale(ft, n_in, n_out, align_corners, scale), n_out, align_corners, cubic=False)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
-    lam1 = np.clip(src - i0.astype(ft), ft(0), ft(1)).astype(ft)
+    # the kernel keeps the weights in the tensor's type: a half-precision lambda1 is rounded, and 1 - lambda1 too
+    lam1 = np.clip(src - i0.astype(ft), ft(0), ft(1)).astype(wt).astype(ft)
+    lam0 = (ft(1) - lam1).astype(wt).astype(ft)
     i1 = i0 + (i0 < n_in - 1)
-    return np.stack([i0, i1], 1), np.stack([ft(1) - lam1, lam1], 1)
+    return np.stack([i0, i1], 1), np.stack([lam0, lam1], 1)
 
 
 def _cubic_near(ft, t, a):
@@ -84,8 +86,9 @@ def _cubic_far(ft, t, a):
     return ((a * t - ft(5) * a) * t + ft(8) * a) * t - ft(4) * a
 
 
-def _cubic_taps(ft, n_in: int, n_out: int, align_corners: bool, scale):
-    """Bicubic (A = -0.75): four input indices (clamped to the edge) and weights per output index."""
+def _cubic_taps(ft, wt, n_in: int, n_out: int, align_corners: bool, scale):
+    """Bicubic (A = -0.75): four input indices (clamped to the edge) and weights (rounded to ``wt``) per output
+    index."""
     src = _source_index(ft, _area_scale(ft, n_in, n_out, align_corners, scale), n_out, align_corners, cubic=True)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     t = np.clip(src - i0.astype(ft), ft(0), ft(1)).astype(ft)
@@ -93,7 +96,7 @@ def _cubic_taps(ft, n_in: int, n_out: int, align_corners: bool, scale):
     w = [_cubic_far(ft, t + ft(1), a), _cubic_near(ft, t, a), _cubic_near(ft, ft(1) - t, a)]
     w.append(_cubic_far(ft, (ft(1) - t) + ft(1), a))
     idx = np.stack([np.clip(i0 - 1 + k, 0, n_in - 1) for k in range(4)], 1)
-    return idx, np.stack(w, 1).astype(ft)
+    return idx, np.stack(w, 1).astype(wt).astype(ft)
 
 
 # ---- antialiased filters (``_compute_weights_aa``): a filter of ``support`` taps, widened by the downscale ----
@@ -118,8 +121,8 @@ def _filter_lanczos(ft, x):  # a = 3
 _AA_FILTERS = {"bilinear": (2, _filter_linear), "bicubic": (4, _filter_cubic), "lanczos": (6, _filter_lanczos)}
 
 
-def _aa_taps(ft, kind: str, n_in: int, n_out: int, align_corners: bool, scale):
-    """The antialiased ops' input indices and normalized weights per output index."""
+def _aa_taps(ft, wt, kind: str, n_in: int, n_out: int, align_corners: bool, scale):
+    """The antialiased ops' input indices and normalized weights per output index (in ``ft``: ``wt`` unused)."""
     interp_size, filt = _AA_FILTERS[kind]
     step = _area_scale(ft, n_in, n_out, align_corners, scale)
     support = ft(interp_size * 0.5 * step) if step >= 1 else ft(interp_size * 0.5)
@@ -162,55 +165,83 @@ def _apply_axis(x, axis: int, idx, wts):
 
 
 def _compute_type(dtype):
-    """The array type the kernel computes in (``opmath_t``) and its NumPy float type."""
+    """The array type the kernel computes in (``opmath_t``), its NumPy float type, and the type its interpolation
+    weights are kept in (the tensor's own half-precision type, else the compute type)."""
     if dtype == jnp.float64:
-        return jnp.float64, np.float64
-    return jnp.float32, np.float32
+        return jnp.float64, np.float64, np.float64
+    half = dtype in (jnp.bfloat16, jnp.float16)
+    return jnp.float32, np.float32, (np.dtype(dtype) if half else np.float32)
 
 
-def _resample(x, out_sizes, scales, taps):
-    """``x`` (N, C, *spatial) resized to ``out_sizes``; ``taps(ft, n_in, n_out, scale)`` gives each axis's
+def _fixed_point(wts):
+    """The uint8 kernel's int16 weights: scaled by the largest power of two that keeps them below 2**15."""
+    wmax, bits = float(wts.max()), 0
+    while bits < 22 and int(0.5 + wmax * (1 << (bits + 1))) < (1 << 15):
+        bits += 1
+    scaled = wts.astype(np.float64) * (1 << bits)
+    return np.trunc(np.where(scaled < 0, scaled - 0.5, scaled + 0.5)).astype(np.int32), bits
+
+
+def _apply_axis_integer(x, axis: int, idx, wts):
+    """One axis of the uint8 kernel (Pillow's): fixed-point weights, rounded and clipped to uint8 per axis."""
+    ints, bits = _fixed_point(wts)
+    shape = [1] * x.ndim
+    shape[axis] = idx.shape[0]
+    acc = functools.reduce(
+        jnp.add,
+        [
+            jnp.take(x, jnp.asarray(idx[:, k], jnp.int32), axis=axis).astype(jnp.int32)
+            * jnp.asarray(ints[:, k]).reshape(shape)
+            for k in range(idx.shape[1])
+        ],
+    )
+    info = jnp.iinfo(x.dtype)
+    return jnp.clip((acc + (1 << (bits - 1))) >> bits, info.min, info.max).astype(x.dtype)
+
+
+def _resample(x, out_sizes, scales, taps, like=None):
+    """``x`` (N, C, *spatial) resized to ``out_sizes``; ``taps(ft, wt, n_in, n_out, scale)`` gives each axis's
     indices and weights. Interpolating modes compute in float32 (float64 for float64) and round once, as the CPU
-    kernels do; integer inputs are rounded to nearest and clipped to their range."""
+    kernels do; uint8 inputs take the fixed-point arithmetic of PyTorch's uint8 kernel. ``like``: the dtype whose
+    weights to use (a backward op transposes this in float32 for a half-precision gradient)."""
     nd = len(out_sizes)
     scales = list(scales) + [None] * (nd - len(scales))
     dtype = x.dtype
-    jt, ft = _compute_type(dtype)
+    jt, ft, wt = _compute_type(like or dtype)
+    integer = jnp.issubdtype(dtype, jnp.integer)
     y = x
     for axis in reversed(range(nd)):  # the fastest axis first
-        idx, wts = taps(ft, x.shape[2 + axis], out_sizes[axis], scales[axis])
+        idx, wts = taps(ft, wt, x.shape[2 + axis], out_sizes[axis], scales[axis])
+        if wts is not None and integer:
+            y = _apply_axis_integer(y, 2 + axis, idx, wts)
+            continue
         if wts is not None and y.dtype != jt:
             y = y.astype(jt)
         y = _apply_axis(y, 2 + axis, idx, wts)
-    if y.dtype == dtype:
-        return y
-    if jnp.issubdtype(dtype, jnp.integer):
-        info = jnp.iinfo(dtype)
-        y = jnp.clip(jnp.round(y), info.min, info.max)
     return y.astype(dtype)
 
 
 def _transpose(forward, g, in_shape):
     """The backward of a linear resize: its transpose applied to ``g`` (in the compute type, as the CPU kernels
     accumulate half-precision gradients in float32)."""
-    jt, _ = _compute_type(g.dtype)
+    jt = _compute_type(g.dtype)[0]
     spec = jax.ShapeDtypeStruct(tuple(in_shape), jt)
     (out,) = jax.linear_transpose(forward, spec)(g.astype(jt))
     return out.astype(g.dtype)
 
 
 _MODES = {
-    "nearest": lambda ft, i, o, s: _nearest_taps(i, o, s, exact=False),
-    "nearest_exact": lambda ft, i, o, s: _nearest_taps(i, o, s, exact=True),
+    "nearest": lambda ft, wt, i, o, s: _nearest_taps(i, o, s, exact=False),
+    "nearest_exact": lambda ft, wt, i, o, s: _nearest_taps(i, o, s, exact=True),
 }
 
 
 def _interp_taps(kind: str, align_corners: bool):
     if kind == "linear":
-        return lambda ft, i, o, s: _linear_taps(ft, i, o, align_corners, s)
+        return lambda ft, wt, i, o, s: _linear_taps(ft, wt, i, o, align_corners, s)
     if kind == "cubic":
-        return lambda ft, i, o, s: _cubic_taps(ft, i, o, align_corners, s)
-    return lambda ft, i, o, s: _aa_taps(ft, kind, i, o, align_corners, s)
+        return lambda ft, wt, i, o, s: _cubic_taps(ft, wt, i, o, align_corners, s)
+    return lambda ft, wt, i, o, s: _aa_taps(ft, wt, kind, i, o, align_corners, s)
 
 
 # ---- the ops ----
@@ -221,7 +252,7 @@ def _nearest(mode, ctx, x, output_size, *scales):
 
 
 def _nearest_backward(mode, ctx, g, output_size, input_size, *scales):
-    forward = functools.partial(_resample, out_sizes=list(output_size), scales=scales, taps=_MODES[mode])
+    forward = functools.partial(_resample, out_sizes=list(output_size), scales=scales, taps=_MODES[mode], like=g.dtype)
     return _transpose(forward, g, input_size)
 
 
@@ -231,7 +262,7 @@ def _interp(kind, ctx, x, output_size, align_corners, *scales):
 
 def _interp_backward(kind, ctx, g, output_size, input_size, align_corners, *scales):
     taps = _interp_taps(kind, align_corners)
-    forward = functools.partial(_resample, out_sizes=list(output_size), scales=scales, taps=taps)
+    forward = functools.partial(_resample, out_sizes=list(output_size), scales=scales, taps=taps, like=g.dtype)
     return _transpose(forward, g, input_size)
 
 
