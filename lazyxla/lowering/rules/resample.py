@@ -239,6 +239,8 @@ _MODES = {
 def _interp_taps(kind: str, align_corners: bool):
     if kind == "linear":
         return lambda ft, wt, i, o, s: _linear_taps(ft, wt, i, o, align_corners, s)
+    if kind == "linear2d":  # the 2-d kernel keeps half-precision weights in float32
+        return lambda ft, wt, i, o, s: _linear_taps(ft, ft, i, o, align_corners, s)
     if kind == "cubic":
         return lambda ft, wt, i, o, s: _cubic_taps(ft, wt, i, o, align_corners, s)
     return lambda ft, wt, i, o, s: _aa_taps(ft, wt, kind, i, o, align_corners, s)
@@ -276,7 +278,8 @@ for _mode, _prefix in (("nearest", "upsample_nearest"), ("nearest_exact", "_upsa
     _register([f"{_prefix}{d}d_backward" for d in (1, 2, 3)], functools.partial(_nearest_backward, _mode))
 
 for _kind, _ops in (
-    ("linear", ["upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d"]),
+    ("linear", ["upsample_linear1d", "upsample_trilinear3d"]),
+    ("linear2d", ["upsample_bilinear2d"]),
     ("cubic", ["upsample_bicubic2d"]),
     ("bilinear", ["_upsample_bilinear2d_aa"]),
     ("bicubic", ["_upsample_bicubic2d_aa"]),
