@@ -149,6 +149,10 @@ def _apply_axis(x, axis: int, idx, wts):
     """``y[..., o, ...] = sum_k x[..., idx[o, k], ...] * wts[o, k]`` along ``axis`` (a gather, or for a wide
     filter one matrix product)."""
     if wts is None:
+        n_in, n_out = x.shape[axis], idx.shape[0]
+        if n_out % n_in == 0 and np.array_equal(idx[:, 0], np.arange(n_out) // (n_out // n_in)):
+            # an integer upscale (a UNet's 2x): a broadcast, whose transpose is a sum, not a scatter-add
+            return jnp.repeat(x, n_out // n_in, axis=axis)
         return jnp.take(x, jnp.asarray(idx[:, 0], jnp.int32), axis=axis)
     if idx.shape[1] > 4:  # an antialiased downscale: a dense (out, in) matrix
         mat = np.zeros((idx.shape[0], x.shape[axis]), wts.dtype)
