@@ -82,6 +82,11 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
         "matching the half-precision and 3-d results); ~0.1% of values differ by up to 2e-4 against atol 1e-5. "
         "tests/test_rules_extra.py covers every mode and padding at 1e-4"
     ),
+    ("nn.functional.interpolate.bicubic", "uint8", "forward"): (
+        "PyTorch's uint8 bicubic kernel (Pillow's int16 fixed-point weights, rounded per axis, which lazyxla "
+        "follows) rounds differently somewhere not found: 0.4% of the 270x270 -> 130x130 sample's values differ "
+        "by 1 (tests/test_rules_resample.py bounds it: at most 1, in under 1% of values; uint8 bilinear is equal)"
+    ),
     ("chalf", "*", "*"): "complex32 has no XLA type: lazyxla raises TypeError at the call",
     ("to_sparse", "*", "*"): "sparse layouts are not supported: lazyxla tensors are dense XLA arrays",
     ("sparse.mm.reduce", "*", "*"): "sparse layouts are not supported: lazyxla tensors are dense XLA arrays",
@@ -125,7 +130,6 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
             "nn.functional.conv_transpose1d": ("float16",),
             "nn.functional.conv_transpose2d": ("float16", "bfloat16"),
             "nn.functional.conv_transpose3d": ("float16", "bfloat16"),
-            "nn.functional.interpolate.linear": ("float16",),
             "nn.functional.soft_margin_loss": ("float16",),
             "nn.functional.multilabel_soft_margin_loss": ("float16",),
             "nn.functional.huber_loss": ("float16",),

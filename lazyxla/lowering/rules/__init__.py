@@ -19,6 +19,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     pointwise,
     random,
     reduction,
+    resample,
     rnn,
     sampling,
     scan,
