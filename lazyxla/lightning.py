@@ -7,7 +7,8 @@ Example::
     import lightning.pytorch as pl
     import lazyxla.lightning
 
-    trainer = pl.Trainer(strategy=lazyxla.lightning.Strategy(), max_epochs=1)   # or accelerator="lazyxla", strategy="lazyxla"
+    # or pl.Trainer(accelerator="lazyxla", strategy="lazyxla", max_epochs=1)
+    trainer = pl.Trainer(strategy=lazyxla.lightning.Strategy(), max_epochs=1)
     trainer.fit(model, train_loader, val_loader)
     trainer.test(model, test_loader)
     predictions = trainer.predict(model, test_loader)
