@@ -397,6 +397,7 @@ PROGRAM_CODE: dict[str, bool] = {
     "lazy/regions.py": False,
     "frontend/": True,  # device kernels that record functional forms, autocast's casts, torch.compile traces
     "frontend/export.py": False,  # export lowers on its own, outside this cache
+    "frontend/lightning.py": False,  # Lightning's strategy and accelerator: where work runs, not what is recorded
     "parallel/": False,  # user-facing collectives, SPMD annotations, launch, process group, training, loader
     "compat/": False,
     "tools/": False,
@@ -409,6 +410,7 @@ PROGRAM_CODE: dict[str, bool] = {
     "device/distributed.py": False,
     "device/runtime.py": False,
     "dynamo.py": False,
+    "lightning.py": False,
     "metrics.py": False,
     "profiler.py": False,
     "regions.py": False,
