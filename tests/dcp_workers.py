@@ -9,25 +9,14 @@ from pathlib import Path
 
 import torch
 
+from tests.dtensor_spmd_workers import _tiny_llama
+
 LR = 1e-2
 
 
 def tiny_llama():
     """A tiny random transformers LlamaForCausalLM (nothing downloaded) on the CPU, and 4 batches of token ids."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = _tiny_llama()
     g = torch.Generator().manual_seed(1)
     return model, [torch.randint(0, 64, (8, 16), generator=g) for _ in range(4)]
 

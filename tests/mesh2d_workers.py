@@ -7,18 +7,7 @@ from __future__ import annotations
 
 import torch
 
-
-class FeedForward(torch.nn.Module):
-    """torchtitan's SwiGLU MLP: ``w2(silu(w1(x)) * w3(x))``."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = torch.nn.Linear(dim, hidden, bias=False)
-        self.w2 = torch.nn.Linear(hidden, dim, bias=False)
-        self.w3 = torch.nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+from tests.dtensor_spmd_workers import _FeedForward as FeedForward
 
 
 def problem():
