@@ -101,7 +101,8 @@ def test_xla_path_on_two_processes_equals_cpu_whole_batch(tmp_path) -> None:
     Lightning's XLA launcher calls ``xmp.spawn(..., join=False)``, then XLAStrategy trains each rank on half of
     every batch of 4 and ``xm.optimizer_step`` all-reduces the gradients. Equal to one CPU process training on
     the whole batches (in the order of Lightning's shuffling DistributedSampler): the ranks' mean loss is the
-    whole batch's at every step, and both ranks end with the CPU's parameters."""
+    whole batch's at every step, and both ranks end with the CPU's parameters. Then validation, ``trainer.test``
+    and ``trainer.predict``, each over two new processes, equal the CPU-trained model on each rank's batches."""
     (tmp_path / "cpu").mkdir()
     proc = run_python([SCRIPT, str(tmp_path / "cpu"), "cpu-epoch-order", "1", "sgd"], tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -123,3 +124,36 @@ def test_xla_path_on_two_processes_equals_cpu_whole_batch(tmp_path) -> None:
         assert_params_close(got["final"], want["final"])
     assert len(want["losses"]) == 4
     torch.testing.assert_close((ranks[0]["losses"] + ranks[1]["losses"]) / 2, want["losses"], rtol=RTOL, atol=RTOL)
+    _assert_stages_equal_cpu_model(tmp_path / "xla", want["final"], samples=16)
+
+
+def _assert_stages_equal_cpu_model(folder, final: dict, samples: int) -> None:
+    """Validation (after fit), test and predict, each in Lightning's two new processes: every rank's losses or
+    predictions equal the CPU-trained model's on the very batches that rank saw, and the ranks together saw
+    every sample (Lightning's DistributedSampler splits them)."""
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    net.load_state_dict({k.removeprefix("net."): v for k, v in final.items()})
+    for stage in ("val", "test", "predict"):
+        seen = 0
+        for rank in (0, 1):
+            got = torch.load(folder / f"{stage}_{rank}.pt", weights_only=True)
+            assert (got["rank"], got["world_size"]) == (rank, 2), stage
+            assert len(got["inputs"]) == len(got["outputs"]) > 0, stage
+            for x, output in zip(got["inputs"], got["outputs"], strict=True):
+                seen += len(x)
+                with torch.no_grad():
+                    logits = net(x)
+                if stage == "predict":
+                    want = logits.softmax(-1)
+                else:  # the loss needs the labels: the sample's row of the fixed data gives them
+                    want = torch.nn.functional.cross_entropy(logits, _labels_of(x))
+                torch.testing.assert_close(output, want, rtol=RTOL, atol=RTOL, msg=lambda m, s=stage: f"{s}: {m}")
+        assert seen == samples, (stage, seen)
+
+
+def _labels_of(x: torch.Tensor) -> torch.Tensor:
+    """The labels of rows of lightning_train.py's fixed data (seed 0: x, then y), found by matching rows."""
+    generator = torch.Generator().manual_seed(0)  # the script's torch.manual_seed(0), not touching the global RNG
+    data_x, data_y = torch.randn(16, 6, generator=generator), torch.randint(0, 3, (16,), generator=generator)
+    rows = [int(torch.nonzero((data_x == row).all(-1))[0]) for row in x]
+    return data_y[rows]

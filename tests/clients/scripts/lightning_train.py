@@ -7,7 +7,9 @@ test losses, the predictions, and which of Lightning's classes ran (strategy, pr
 parameters' device, the training loader's type). ``ACCELERATOR`` is Lightning's (``cpu``, ``tpu``, ``auto``),
 ``cpu-epoch-order`` (the CPU, batches in the order of Lightning's DistributedSampler: the reference of
 ``DEVICES`` = 2), or ``lazyxla``: ``strategy=lazyxla.lightning.Strategy()`` (the integration without torch_xla).
-With ``DEVICES`` > 1 only fit runs (in Lightning's processes), and each process saves its own result.
+With ``DEVICES`` > 1 fit, test and predict each run in Lightning's new processes: each process saves its own
+fit result, and for validation, test and predict the batches it saw with its losses or predictions
+(``OUT/<stage>_<rank>.pt``), so that the CPU's model can be checked on exactly those batches.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Tiny(LightningModule):
         self.optimizer = optimizer
         self.losses: list[torch.Tensor] = []
         self.eval_losses: dict[str, list[torch.Tensor]] = {"val": [], "test": []}
+        self.eval_batches: dict[str, list[torch.Tensor]] = {"val": [], "test": [], "predict": []}
+        self.predictions: list[torch.Tensor] = []
         self.seen = {}
 
     def forward(self, x):
@@ -64,14 +68,39 @@ class Tiny(LightningModule):
         }
         torch.save(result, self.save_fit_to / f"result_{self.global_rank}.pt")
 
+    def _seen_batch(self, stage: str, batch) -> None:
+        if self.save_fit_to is not None:  # several processes: which samples this rank got is the sampler's
+            self.eval_batches[stage].append(batch[0].detach().to("cpu"))
+
     def validation_step(self, batch, batch_idx):
+        self._seen_batch("val", batch)
         self.eval_losses["val"].append(self._loss(batch).detach())
 
     def test_step(self, batch, batch_idx):
+        self._seen_batch("test", batch)
         self.eval_losses["test"].append(self._loss(batch).detach())
 
     def predict_step(self, batch, batch_idx):
-        return self(batch[0]).softmax(-1)
+        self._seen_batch("predict", batch)
+        prediction = self(batch[0]).softmax(-1)
+        self.predictions.append(prediction.detach())
+        return prediction
+
+    def _save_stage(self, stage: str, outputs: list[torch.Tensor]) -> None:
+        if self.save_fit_to is None:
+            return
+        result = {"inputs": _cpu(self.eval_batches[stage]), "outputs": _cpu(outputs), "rank": self.global_rank}
+        result["world_size"] = self.trainer.world_size
+        torch.save(result, self.save_fit_to / f"{stage}_{self.global_rank}.pt")
+
+    def on_validation_end(self):
+        self._save_stage("val", self.eval_losses["val"])
+
+    def on_test_end(self):
+        self._save_stage("test", self.eval_losses["test"])
+
+    def on_predict_end(self):
+        self._save_stage("predict", self.predictions)
 
     def configure_optimizers(self):
         if self.optimizer == "adam":
@@ -130,10 +159,10 @@ def main(out: Path, accelerator: str, devices: int, optimizer: str) -> None:
     else:
         loader = DataLoader(data, batch_size=4, shuffle=False)
     trainer.fit(model, train_dataloaders=loader, val_dataloaders=DataLoader(data, batch_size=8))
-    if devices > 1:
-        return
     trainer.test(model, DataLoader(data, batch_size=8), verbose=False)
     predictions = trainer.predict(model, DataLoader(data, batch_size=8))
+    if devices > 1:
+        return  # the processes saved their own results (see Tiny._save_stage)
     result = {
         "initial": initial,
         "final": {k: v.detach().to("cpu") for k, v in model.state_dict().items()},
