@@ -102,6 +102,25 @@ def test_adaptive_avg_pool_1d_3d():
     check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 1)), _r(1, 2, 4, 5, 3), grad=True, **TOL)
 
 
+@pytest.mark.parametrize("size", [1, 2, (3, 2), 4, (7, 6)])
+def test_adaptive_max_pool2d(size):
+    """Values, indices (flat per plane, as PyTorch's) and the gradient scattered to them; windows of unequal
+    size (6 -> 4), overlapping ones (5 -> 7) and one window per plane."""
+    check(lambda x: F.adaptive_max_pool2d(x, size), _r(2, 3, 6, 5), grad=True)
+    check(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), _r(3, 6, 5), grad=True)
+
+
+def test_adaptive_max_pool_1d_3d_and_ties():
+    check(lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True), _r(2, 3, 10), grad=True)
+    check(lambda x: F.adaptive_max_pool3d(x, (2, 3, 1), return_indices=True), _r(1, 2, 4, 5, 3), grad=True)
+    # equal values in a window (rounded, the gradient passed straight through): the first maximum's index and
+    # gradient, as PyTorch's kernel
+    def tied(x):
+        return F.adaptive_max_pool2d(x + (x.detach().round() - x.detach()), (3, 3), return_indices=True)
+
+    check(tied, _r(2, 2, 7, 7), grad=True)
+
+
 # ---- normalization ----
 
 

@@ -1,4 +1,5 @@
-"""Rules for convolution (any dimensionality, transposed, grouped) and pooling (max, average, adaptive average).
+"""Rules for convolution (any dimensionality, transposed, grouped) and pooling (max, average, adaptive average and
+adaptive max).
 
 Backward ops are the ``jax.vjp`` of the forward written here (XLA drops the unused primal), so a forward
 and its gradient cannot disagree; max pooling's backward scatters into the saved indices.
@@ -123,6 +124,11 @@ def _max_pool(nd, ctx, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_m
 
 
 def _max_pool_backward(nd, ctx, g, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_indices(nd, g, x, indices)
+
+
+def _scatter_to_indices(nd, g, x, indices):
+    """Each output's gradient added at the input position its flat (per-plane) index names."""
     lead = x.ndim - nd
     rows = math.prod(x.shape[:lead])
     g2, i2 = g.reshape(rows, -1), indices.reshape(rows, -1)
@@ -217,3 +223,45 @@ def _adaptive_avg_backward(nd, ctx, g, x):
 lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)(_adaptive_avg_rule)
 lowers(aten._adaptive_avg_pool2d_backward.default)(functools.partial(_adaptive_avg_backward, 2))
 lowers(aten._adaptive_avg_pool3d_backward.default)(functools.partial(_adaptive_avg_backward, 3))
+
+
+@functools.cache
+def _adaptive_windows(n: int, out: int) -> np.ndarray:
+    """Window ``i`` of adaptive pooling covers ``[floor(i*n/out), ceil((i+1)*n/out))``; as an ``(out, K)`` table of
+    positions, K the widest window, shorter windows padded with their own last position (a repeat changes
+    neither a max nor, as the first maximum is kept, its index)."""
+    lo = [(i * n) // out for i in range(out)]
+    hi = [-(-((i + 1) * n) // out) for i in range(out)]
+    width = max(h - low for low, h in zip(lo, hi))
+    return np.asarray([[min(low + k, h - 1) for k in range(width)] for low, h in zip(lo, hi)], np.int64)
+
+
+def _adaptive_max(ctx, x, output_size):
+    nd = len(output_size)
+    lead = x.ndim - nd
+    tables = [_adaptive_windows(x.shape[lead + i], o) for i, o in enumerate(output_size)]
+    y = x
+    for i, table in enumerate(tables):  # axis lead+i becomes (out_i, K_i): the windows gathered
+        y = jnp.take(y, jnp.asarray(table), axis=lead + 2 * i)
+    order = [*range(lead), *(lead + 2 * i for i in range(nd)), *(lead + 2 * i + 1 for i in range(nd))]
+    y = jnp.transpose(y, order)
+    widths = [t.shape[1] for t in tables]
+    y = y.reshape(y.shape[: lead + nd] + (math.prod(widths),))
+    which = jnp.argmax(y, -1)  # the first maximum, as PyTorch's kernel (it keeps a later one only if greater)
+    index = jnp.zeros(which.shape, jnp.int64)
+    rest = which
+    for i in reversed(range(nd)):  # tap number -> per-axis tap -> input position, row-major flat index
+        k, rest = rest % widths[i], rest // widths[i]
+        out_i = lax.broadcasted_iota(jnp.int64, which.shape, lead + i)
+        pos = jnp.asarray(tables[i])[out_i, k]
+        index = index + pos * math.prod(x.shape[lead + i + 1 :])
+    return jnp.max(y, -1), index
+
+
+def _adaptive_max_backward(nd, ctx, g, x, indices):
+    return _scatter_to_indices(nd, g, x, indices)
+
+
+lowers(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)(_adaptive_max)
+lowers(aten.adaptive_max_pool2d_backward.default)(functools.partial(_adaptive_max_backward, 2))
+lowers(aten.adaptive_max_pool3d_backward.default)(functools.partial(_adaptive_max_backward, 3))
