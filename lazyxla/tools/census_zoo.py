@@ -312,7 +312,7 @@ ZOO: dict[str, Entry] = {
             dropout_rate=0.0,
             num_labels=C,
         ),
-        _labeled64,
+        _labeled,
         _own_loss,
     ),
     "hf_mobilenet_v1": Entry(

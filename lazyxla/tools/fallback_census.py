@@ -27,7 +27,6 @@ import copy
 import dataclasses
 import re
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -51,7 +50,6 @@ class Row:
     loss_ok: bool = False
     grads_ok: bool = False
     worst: str = ""  # the gradient furthest past its tolerance, or the error that stopped the run
-    seconds: float = 0.0
     error: str = ""
 
     @property
@@ -122,7 +120,6 @@ def census(name: str, device: torch.device | None = None) -> Row:
     """
     device = device or lazyxla.device()
     row = Row(name)
-    start = time.perf_counter()
     try:  # CPU eager first: an entry that does not run there is the zoo's error, not lazyxla's
         model, batch, loss_of = census_zoo.build(name)
         lazy = copy.deepcopy(model)
@@ -149,7 +146,6 @@ def census(name: str, device: torch.device | None = None) -> Row:
         row.fallbacks = {
             k.removeprefix("fallback."): v for k, v in lazyxla.metrics.counters().items() if k.startswith("fallback.")
         }
-        row.seconds = time.perf_counter() - start
     row.loss, row.loss_cpu = loss.item(), cpu_loss.item()
     noise = abs(row.loss_cpu - exact_loss.item())
     row.loss_ok = abs(row.loss - row.loss_cpu) <= ATOL + RTOL * abs(row.loss_cpu) + NOISE * noise
@@ -162,17 +158,17 @@ def census(name: str, device: torch.device | None = None) -> Row:
 def markdown(rows: list[Row]) -> str:
     """The census as a Markdown table."""
     lines = [
-        "| model | source | ops that fall back | loss (lazyxla / CPU) | gradients agree | s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| model | source | ops that fall back | loss (lazyxla / CPU) | gradients agree |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         fell = ", ".join(f"`{op}` ×{n}" for op, n in sorted(r.fallbacks.items())) or "none"
         source = census_zoo.ZOO[r.name].source
         if r.error:
-            lines.append(f"| {r.name} | {source} | {fell} | not run: {r.error} | | |")
+            lines.append(f"| {r.name} | {source} | {fell} | not run: {r.error} | |")
             continue
         agree = "yes" if r.agrees else f"**no**: {r.worst}"
-        lines.append(f"| {r.name} | {source} | {fell} | {r.loss:.6g} / {r.loss_cpu:.6g} | {agree} | {r.seconds:.0f} |")
+        lines.append(f"| {r.name} | {source} | {fell} | {r.loss:.6g} / {r.loss_cpu:.6g} | {agree} |")
     return "\n".join(lines) + "\n"
 
 

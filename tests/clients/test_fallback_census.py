@@ -13,9 +13,10 @@ table is in docs/ops.md.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lazyxla.tools import census_zoo
-from lazyxla.tools.fallback_census import census
+from lazyxla.tools.fallback_census import _worst_gradient, census
 
 pytest.importorskip("transformers", reason="transformers is not installed (requirements.txt pins it)")
 pytest.importorskip("diffusers", reason="diffusers is not installed (requirements.txt pins it)")
@@ -30,6 +31,15 @@ SAMPLE = [
     "diffusers_vae",
     "diffusers_vq",
 ]
+
+
+def test_the_gradient_rule_fails_for_an_error_of_a_tenth_of_a_percent():
+    want = {"w": torch.tensor([1.0, -0.5, 1e-3]), "b": torch.tensor([0.0, 0.0])}
+    exact = {k: v.double() for k, v in want.items()}  # no rounding noise
+    assert _worst_gradient(dict(want), want, exact) == (True, "")
+    off = {**want, "w": want["w"] * torch.tensor([1.001, 1.0, 1.0])}
+    ok, worst = _worst_gradient(off, want, exact)
+    assert not ok and worst.startswith("w.grad"), worst
 
 
 def test_the_sample_is_in_the_zoo():
