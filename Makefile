@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-ops test-upper test-pytorch lint bench bench-hf bench-torch_xla-venv bench-scan clean
+.PHONY: demo test test-ops test-upper test-pytorch census lint bench bench-hf bench-torch_xla-venv bench-scan clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,18 @@ $(PTS_DEPS)/.installed: $(STAMP)
 
 test-pytorch: $(STAMP) $(PTS_DEPS)/.installed
 	PYTORCH_SUITE_PATH=$(CURDIR)/$(PTS_DEPS) nice -n 10 $(PY) -m lazyxla.tools.pytorch_suite --update-doc
+
+# The fallback census over the whole model zoo (lazyxla/tools/census_zoo.py), its table written into docs/ops.md.
+# timm is installed beside the project (build/census-deps), not into the venv, with the torchvision it imports
+# (a CUDA build on PyPI, which census_zoo.py makes importable for timm: see _timm_module); ~15 minutes on 2 cores.
+CENSUS_DEPS := build/census-deps
+
+$(CENSUS_DEPS)/.installed: $(STAMP)
+	$(PY) -m pip install -q --no-deps --target $(CENSUS_DEPS) timm==1.0.31 torchvision==0.28.0
+	touch $@
+
+census: $(STAMP) $(CENSUS_DEPS)/.installed
+	PYTHONPATH=$(CURDIR)/$(CENSUS_DEPS) nice -n 10 $(PY) -m lazyxla.tools.fallback_census --markdown docs/ops.md
 
 # The upper end of the torch range pyproject.toml declares (torch 2.14.1, a CUDA build of ~6 GB that pip finds
 # on local disk): the same set-up with that torch, then the whole suite. docs/testing.md has its last result.

@@ -529,8 +529,19 @@ _OWN_META = {
 }
 
 
+def _ctc_loss_meta(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """The loss per sequence and ``log_alpha``, whose last dim, 2 * max target length + 1 in PyTorch, depends on
+    the lengths' values: bounded by the targets' shape instead (lowering/rules/ctc.py)."""
+    width = targets.shape[1] if targets.dim() == 2 else targets.shape[0]
+    frames, batch = log_probs.shape[:2]
+    return log_probs.new_empty((batch,)), log_probs.new_empty((batch, frames, 2 * width + 1))
+
+
 # Output metadata for ops that PyTorch gives no meta kernel (called with meta tensors).
 _MISSING_META = {
+    aten._ctc_loss.Tensor: _ctc_loss_meta,
+    aten._ctc_loss_backward.default: lambda g, log_probs, *args, **kwargs: torch.empty_like(log_probs),
+    aten._ctc_loss_backward.Tensor: lambda g, log_probs, *args, **kwargs: torch.empty_like(log_probs),
     aten.multi_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
     aten.multilabel_margin_loss_backward.default: lambda g, x, *args, **kwargs: torch.empty_like(x),
     **{

@@ -211,6 +211,12 @@ TOLERANCE_OVERRIDES: dict[tuple, tuple[float, float, str]] = {
         "large tau (|tau| up to 4.4) makes the backward ill-conditioned: gradients reach ~200, and eager's "
         "float32 error against float64 is 4e-3 (lazyxla's 9e-4)",
     ),
+    ("nn.functional.ctc_loss", "grad"): (
+        1e-3,
+        2e-4,
+        "the sum-reduced samples' gradients (up to 1) come from exponentiated log-space sums over 50 frames: "
+        "eager's float32 error against float64 is 7.6e-5, lazyxla's 8.7e-6, so they differ by up to 9e-5",
+    ),
     ("nn.functional.conv_transpose3d", "grad"): (
         5e-4,
         1e-4,

@@ -7,6 +7,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     compiled_graph,
     conv_pool,
     core,
+    ctc,
     distance,
     embedding,
     fft,
