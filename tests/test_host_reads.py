@@ -129,6 +129,31 @@ def test_work_a_read_left_pending_is_computed_at_the_next_read(dev):
     assert _counters()[0] - compiles <= 1
 
 
+def _one_pass(device):
+    """A pass that reads a mask it was given twice, at two lines, with its own work pending (as transformers reads
+    the padding mask a few ops into a forward), and reads its result at the end."""
+    mask = torch.tensor([[True, True, False]]).to(device)  # copied from the CPU: known values, read without a program
+    x = uniform(4).to(device)
+    if device.type != "cpu":
+        lazyxla.sync()
+    executions = metrics.count("executions")
+    h = torch.sin(x) * 1.5  # pending through both reads
+    first = bool(mask.all())
+    second = bool(mask[:, :2].all())
+    return (h * 2).sum().item(), (first, second), metrics.count("executions") - executions
+
+
+def test_reads_at_two_lines_of_one_pass_leave_its_work_to_the_pass(dev):
+    """The left-over rule is per read site: a read computes work that was pending at the previous read of *its*
+    line, so two reads at different lines of one pass run nothing, and the pass is one program (before, the
+    second read computed ``sin`` and ``mul`` in a program of their own)."""
+    want, want_flags, _ = _one_pass(torch.device("cpu"))
+    got, flags, programs = _one_pass(dev)
+    assert flags == want_flags == (False, True)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert programs == 1
+
+
 def test_work_left_pending_that_fails_changes_nothing(dev, broken_cos):
     """A broken op left pending across reads does not make the reads fail: it raises where it is read."""
     x = torch.ones(3).to(dev)

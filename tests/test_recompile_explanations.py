@@ -100,8 +100,8 @@ def test_a_changing_sequence_length_is_named_on_the_data_input_not_a_parameter(d
 
 
 _PENDING = (
-    "A host read computes what it reads (and, in one process, the work the previous read left pending); work "
-    "recorded before it that it did not need stays pending into a later program: call lazyxla.sync() after the "
+    "A host read computes what it reads (and, in one process, the work the previous read at its line left pending); "
+    "work recorded before it that it did not need stays pending into a later program: call lazyxla.sync() after the "
     "read (it computes every pending tensor), or read once the step's updates are recorded"
 )
 

@@ -600,8 +600,14 @@ def _read_needing_nothing(reason: str, policy: ReadPolicy) -> None:
 
 
 def _compute_left_over(trigger: str) -> None:
-    """After a host read: compute the work the previous host read had left pending too (not concatenations:
-    ``lazy/view_reads.py`` reads their last piece without them), then remember what is pending now.
+    """After a host read: compute the work that was pending already at the previous host read *at the same site*
+    (not concatenations: ``lazy/view_reads.py`` reads their last piece without them), then remember, for this
+    site, what is pending now.
+
+    The rule is for a loop whose reads need none of its work (generation's stopping check, run each token at the
+    same line): without it the work would pile up until something reads it. Keyed on the read's site, it leaves
+    alone two reads at different lines of one pass (transformers' two reads of the padding mask a few ops into a
+    forward: before, the second computed the embedding in a program of its own, cutting every SFTTrainer step).
 
     It runs in a program of its own, so the read's own program stays the same whatever was left over, and a
     failure in that work (a broken rule, a failed compile) changes nothing: its tensors keep their graphs and
@@ -610,8 +616,9 @@ def _compute_left_over(trigger: str) -> None:
     """
     if session.quiet_at == session.made:  # nothing made since a read that left nothing to compute
         return
+    site = trigger.split(" (via ", 1)[0]  # the read and its line, whichever library frame made it
     values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-    stale = left_over(values, session.left_pending)
+    stale = left_over(values, session.left_pending.get(site, {}))
     if stale:
         try:
             _compute(stale, False, f"{trigger} (work the previous read left pending)")
@@ -619,9 +626,8 @@ def _compute_left_over(trigger: str) -> None:
             metrics.inc("left_over_failures")
             session.left_over_error = e
         values = [t._value for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
-    session.left_pending.clear()
-    session.left_pending.update(remember(values))
-    session.quiet_at = session.made if not left_over(values, session.left_pending) else None
+    session.left_pending[site] = remember(values)
+    session.quiet_at = session.made if not left_over(values, session.left_pending[site]) else None
     session.quiet_recorded = session.recorded
 
 

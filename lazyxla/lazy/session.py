@@ -80,7 +80,8 @@ class Session:
         # lazy/positions.py tells a position that changes from step to step from the several positions of one step
         # by it.
         self.epoch = 0
-        # The pending nodes the last host read left (id -> weak reference; a full sync computes them all).
+        # Per read site (the read and its line), the pending nodes its last host read left (id -> weak reference; a
+        # full sync computes them all and forgets them).
         self.left_pending: dict = {}
         # ``made`` when the last host read left nothing a later read would compute (only views of device data, which
         # stay pending), else None: until another LazyTensor is made, the next read skips its walk over every live

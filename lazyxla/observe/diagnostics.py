@@ -510,9 +510,9 @@ def _growth(order, old: list[OpSig], pending_before: int) -> str | None:
         f"the graph grows from sync to sync ({ops_old} -> {len(order)} ops): it holds {len(carried)} ops recorded "
         f"before the previous sync ({_marks[0][1]}), which left them pending: {named}"
         + (f", with {behind} ops they depend on" if behind else "")
-        + ". A host read computes what it reads (and, in one process, the work the previous read left pending); "
-        "work recorded before it that it did not need stays pending into a later program: call lazyxla.sync() "
-        "after the read (it computes every pending tensor), or read once the step's updates are recorded"
+        + ". A host read computes what it reads (and, in one process, the work the previous read at its line left "
+        "pending); work recorded before it that it did not need stays pending into a later program: call "
+        "lazyxla.sync() after the read (it computes every pending tensor), or read once the step's updates are recorded"
     )
 
 

@@ -121,7 +121,8 @@ def test_generate_gives_cpu_tokens_without_a_compile_per_token(name, mode, cache
     compiles, nodes = probe.per_token()
     assert len(compiles) == kw["max_new_tokens"]  # the run did not stop early: every token was decoded
     if cache == "static" and mode == "beam":
-        assert sum(compiles[1:]) <= 3 and sum(compiles[3:-1]) == 0, compiles
+        # the first two tokens' programs (5, split 2 + 3 or 3 + 2 by where left-over work runs), the last one's
+        assert sum(compiles[:2]) <= 5 and sum(compiles[2:-1]) == 0 and sum(compiles) <= 6, compiles
     elif cache == "static":  # the decode step is replayed (frontend/generation.py): its own programs, then none
         assert sum(compiles[1:]) <= 8 and sum(compiles[4:-1]) == 0, compiles
     if cache == "static":
