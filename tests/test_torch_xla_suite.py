@@ -97,7 +97,7 @@ def test_scripts_count_once_and_time_limits_hold(tmp_path):
     assert (s["passed"], s["run"], s["python_api_run"]) == (1, 4, 2)
     table = suite.markdown({"finished": "today", "source_commit": "abc", "seconds": 60, "cpus": 2, "files": files})
     assert "**1 of 2 test cases that use only torch_xla's public or `_internal` Python API passed (50%)**" in table
-    assert "1 of 4 (25%)" in table and f"| C++: {reasons.XLAC} | 2 |" in table
+    assert "1 of 4 (25%)" in table and f"| *outside the API:* {reasons.XLAC} | 2 |" in table
     assert "| `test/test_mp_bad.py` | 0 / 1 | 0 |" in table
 
 
