@@ -52,6 +52,25 @@ before = lazyxla.metrics.counters()["compiles"]
 y = torch.relu(st @ w).sum(dim=1)
 out["plain_use"] = [type(y).__name__, (y.global_tensor.cpu() - torch.relu(x_cpu @ w_cpu).sum(dim=1)).abs().max().item()]
 out["plain_compiles"] = lazyxla.metrics.counters()["compiles"] - before
+# a wrapper whose layout leaves it whole on every device (split over a mesh axis of one device): PyTorch computes
+# the op on the plain tensor and makes the result a wrapper (as_subclass), which wraps that result
+whole = xs.mark_sharding(x_cpu.to(dev), xs.Mesh(np.arange(4), (1, 4)), (0, None))
+z = whole @ w
+out["whole_plain"] = [type(z).__name__, type(z.global_tensor).__name__, (z.cpu() - x_cpu @ w_cpu).abs().max().item()]
+# load_local_shards_ raises torch_xla's RuntimeError: a part missing, a part of the wrong shape, a replicated tensor
+errors = []
+split = xs.mark_sharding(torch.arange(8.0).to(dev), row, (0,))
+for shards in (split.local_shards[:-1], [xs.XLAShard(torch.zeros(3), s.indices, s.shard_device, s.replica_id)
+                                         for s in split.local_shards]):
+    try:
+        split.load_local_shards_(shards)
+    except RuntimeError as e:
+        errors.append(type(e).__name__)
+try:
+    whole.load_local_shards_(whole.local_shards)
+except RuntimeError as e:
+    errors.append("replicated" if "Replicated" in str(e) else str(e))
+out["load_errors"] = errors
 
 # redistribute: over an xs.Mesh (as torch_xla's tests call it) and over a DTensor DeviceMesh
 t = torch.arange(128.0).reshape(8, 16).to(dev)
@@ -107,6 +126,8 @@ def test_mark_sharding_returns_the_wrapper_and_loader_batches_are_replicated(tmp
 
     assert out["plain_use"][0] == "XLAShardedTensor" and out["plain_use"][1] <= 1e-5
     assert out["plain_compiles"] == 1
+    assert out["whole_plain"][:2] == ["XLAShardedTensor", "Tensor"] and out["whole_plain"][2] <= 1e-5
+    assert out["load_errors"] == ["RuntimeError", "RuntimeError", "replicated"]
 
     assert out["in_place"] == [True, [None, 1], "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"]
     assert out["async"] == [False, [1, None], "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}", True]

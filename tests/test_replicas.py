@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import multiprocessing
 import os
+import pickle
 import signal
 
 import numpy as np
@@ -138,7 +139,7 @@ _GLOO = "ValueError: UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection c
 @pytest.mark.parametrize("hidden", [0, 1, 50])
 def test_the_rank_killed_first_is_named_even_when_its_peers_error_arrives_first(hidden):
     # rank 0's communication error is in its pipe, and rank 0 has exited, before rank 1's exit status shows
-    got = _supervise([_FakeRank(1), _FakeRank(-9, hidden)], [[("error", _GLOO, True)], []])
+    got = _supervise([_FakeRank(1), _FakeRank(-9, hidden)], [[("error", _GLOO, True, None)], []])
     assert got.rank == 1 and str(got).startswith("spawn: rank 1 was killed by signal SIGKILL")
     assert "rank 0 raised ValueError: UNKNOWN: Gloo all-reduce failed" in str(got)
 
@@ -146,13 +147,16 @@ def test_the_rank_killed_first_is_named_even_when_its_peers_error_arrives_first(
 def test_a_rank_that_raised_its_own_error_is_named_before_its_peers_communication_errors():
     raised = "ValueError: deliberate failure in rank 2\nTraceback ...\n"
     ranks = [_FakeRank(1), _FakeRank(1), _FakeRank(1, hidden=3)]
-    got = _supervise(ranks, [[("error", _GLOO, True)], [("ok", 1), ("error", _GLOO, True)], [("error", raised, False)]])
+    own = pickle.dumps(ValueError("deliberate failure in rank 2"))  # the exception, as the rank pickled it
+    peer = ("error", _GLOO, True, None)
+    got = _supervise(ranks, [[peer], [("ok", 1), peer], [("error", raised, False, own)]])
     assert got.rank == 2 and "deliberate failure in rank 2" in str(got)
+    assert type(got.exception) is ValueError and str(got.exception) == "deliberate failure in rank 2"
 
 
 def test_a_communication_error_is_named_when_no_other_rank_reports_a_cause(monkeypatch):
     monkeypatch.setattr(launch, "_ROOT_CAUSE_WAIT_S", 0.05)  # rank 1 never ends: wait this long for it
-    got = _supervise([_FakeRank(1), _FakeRank(None)], [[("error", _GLOO, True)], []])
+    got = _supervise([_FakeRank(1), _FakeRank(None)], [[("error", _GLOO, True, None)], []])
     assert got.rank == 0 and "Connection closed by peer" in str(got)
 
 

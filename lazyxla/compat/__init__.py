@@ -43,11 +43,23 @@ import os
 import re
 import sys
 
-import jax
+# jax sets TPU_SKIP_MDS_QUERY=1 in this process's environment when imported on a host without TPU chips (its
+# cloud_tpu_init), and child processes inherit it. torch_xla's code reads the variable as the user's description of
+# a TPU VM (torch_xla._internal.tpu.get_tpu_env answers from variables then, where off a TPU VM it fails), so the
+# layer leaves the variable as jax found it (below). jax reads it again only on a TPU VM, where it does not set it.
+# (`import lazyxla` imports jax here first.)
+_TPU_SKIP_MDS_QUERY_GIVEN = os.environ.get("TPU_SKIP_MDS_QUERY")
 
-from lazyxla.config import config, foreign_env
-from lazyxla.device.devices import DEVICE_NAMES
-from lazyxla.device.processes import _backend_started
+import jax  # noqa: E402
+
+from lazyxla.config import config, foreign_env  # noqa: E402
+from lazyxla.device.devices import DEVICE_NAMES  # noqa: E402
+from lazyxla.device.processes import _backend_started  # noqa: E402
+
+if _TPU_SKIP_MDS_QUERY_GIVEN is None:
+    os.environ.pop("TPU_SKIP_MDS_QUERY", None)
+else:  # jax writes "1" over the user's value
+    os.environ["TPU_SKIP_MDS_QUERY"] = _TPU_SKIP_MDS_QUERY_GIVEN
 
 __all__ = ["API_VERSION", "PATH_DIR", "device_name", "install", "installed", "real_torch_xla", "uninstall"]
 

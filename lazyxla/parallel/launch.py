@@ -58,13 +58,16 @@ class SpawnError(RuntimeError):
     """A spawned rank raised or died; the message names it and carries its traceback.
 
     ``rank`` is the rank that failed first (-1 when the run timed out), ``exitcodes`` every rank's exit
-    code once all were stopped (negative: killed by that signal).
+    code once all were stopped (negative: killed by that signal), ``exception`` the exception that rank raised,
+    rebuilt in this process (None when it did not raise, or its exception did not pickle): a caller that
+    stands for a process pool re-raises it, as ``concurrent.futures`` does.
     """
 
-    def __init__(self, rank: int, message: str) -> None:
+    def __init__(self, rank: int, message: str, exception: BaseException | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.exitcodes: list[int | None] = []
+        self.exception = exception
 
 
 def _free_port() -> int:
@@ -149,10 +152,19 @@ def _child(fn, rank, nprocs, address, store_port, cpu_devices, args, conn, paren
             sync(wait=True)
             processes.rendezvous("lazyxla.spawn: exit")  # nobody leaves while another still needs it
     except BaseException as e:
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}", _caused_by_peer(e)))
+        text = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        conn.send(("error", text, _caused_by_peer(e), _pickled(e)))
         conn.close()
         os._exit(1)
     conn.close()
+
+
+def _pickled(error: BaseException) -> bytes | None:
+    """``error`` as bytes the parent can rebuild it from (SpawnError.exception), or None if it does not pickle."""
+    try:
+        return pickle.dumps(error)
+    except Exception:  # an exception holding an unpicklable value: the parent has its text
+        return None
 
 
 def spawn(
@@ -248,7 +260,7 @@ def _supervise(procs, conns, timeout_s) -> list[Any]:
                     # our own child's bytes over its private pipe (conn.recv unpickled them as much): trusted
                     results[rank] = pickle.loads(message[1]) if isinstance(message[1], bytes) else message[1]
                 elif message[0] == "error":
-                    errors[rank] = (message[1], bool(message[2]))
+                    errors[rank] = (message[1], bool(message[2]), message[3])
         failures = _failures(n, results, errors, exits)
         now = time.monotonic()
         if failures:
@@ -257,7 +269,7 @@ def _supervise(procs, conns, timeout_s) -> list[Any]:
             first = ranked[0]
             waited_enough = len(exits) == n or now >= failed_at + _ROOT_CAUSE_WAIT_S
             if failures[first][0] < _EXITED or waited_enough or (deadline is not None and now >= deadline):
-                raise SpawnError(first, _failure_message(first, failures, ranked))
+                raise SpawnError(first, _failure_message(first, failures, ranked), _raised(errors.get(first)))
         elif len(exits) == n:
             return [results[r] for r in range(n)]
         elif deadline is not None and now >= deadline:
@@ -282,12 +294,22 @@ def _failures(n, results, errors, exits) -> dict[int, tuple[int, str, str]]:
             what = f"was killed by signal {_signal_name(-code)}"
             out[rank] = (_KILLED, what, what)
         elif rank in errors:
-            text, by_peer = errors[rank]
+            text, by_peer, _ = errors[rank]
             out[rank] = (_PEER if by_peer else _RAISED, f"raised:\n{text}", f"raised {text.splitlines()[0]}")
         elif code is not None and (code != 0 or rank not in results):
             what = f"exited with code {code} without reporting an error"
             out[rank] = (_EXITED, what, what)
     return out
+
+
+def _raised(error) -> BaseException | None:
+    """The exception a rank raised, from its ``errors`` entry (our own child's bytes over its private pipe)."""
+    if error is None or error[2] is None:
+        return None
+    try:
+        return pickle.loads(error[2])
+    except Exception:  # its class cannot be imported here: the message has its text
+        return None
 
 
 def _signal_name(number: int) -> str:

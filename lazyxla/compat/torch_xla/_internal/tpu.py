@@ -3,13 +3,16 @@
 The hardware questions read the host as torch_xla does: ``num_available_chips()`` counts the Google TPU chips on
 the PCI bus (0 on a host without TPUs), ``get_tpu_env()`` reads the TPU VM's metadata (from the
 ``TPU_SKIP_MDS_QUERY`` variables, or the metadata server on a host that has TPU chips; elsewhere it raises, as
-torch_xla's does off a TPU VM).
+torch_xla's does off a TPU VM, without waiting on a server that is not there), ``configure_topology`` sets the
+TPU runtime's process variables from that metadata, as torch_xla's.
 
-One deliberate difference: ``num_available_devices()`` (what Lightning's ``accelerator="tpu"``/``"auto"``
+Two deliberate differences: ``num_available_devices()`` (what Lightning's ``accelerator="tpu"``/``"auto"``
 asks, and what makes it choose the XLA path) answers the XLA devices a process group on this host can drive.
 torch_xla answers 0 off a TPU host because its XLA devices need TPU chips there; lazyxla's device exists on any
 host, so off a TPU host the answer is the count ``xmp.spawn(nprocs=None)`` starts (``CPU_NUM_DEVICES`` /
-``GPU_NUM_DEVICES`` / ``TPU_NUM_DEVICES``, else 1).
+``GPU_NUM_DEVICES`` / ``TPU_NUM_DEVICES``, else 1). And off a TPU host ``get_worker_ips()`` answers one worker,
+``['localhost']`` (torch_xla's raises there, having no metadata server to ask): the host's lazyxla devices are
+the whole slice, so ``num_expected_global_devices()`` is ``num_available_devices()``.
 
 Example::
 
@@ -29,6 +32,7 @@ import re
 import urllib.request
 from typing import NamedTuple
 
+import lazyxla
 from lazyxla.compat._common import missing_attribute
 from lazyxla.compat.torch_xla.core import xla_env_vars as xenv
 from lazyxla.compat.torch_xla.distributed.xla_multiprocessing import default_nprocs
@@ -36,8 +40,24 @@ from lazyxla.compat.torch_xla.utils import utils as xu
 
 _GCE_METADATA_ROOT_URL = "http://metadata.google.internal/computeMetadata/v1"
 _GOOGLE_PCI_VENDOR_ID = "0x1ae0"
-# torch_xla's table: v2/v3, v4, v5e, v6e, and two test parts
-_TPU_PCI_DEVICE_IDS = ("0x0027", "0x005e", "0x0063", "0x006f", "0x0056", "0x0062")
+# torch_xla's table: v2/v3, v4, v5e, v6e, two test parts, 7x
+_TPU_PCI_DEVICE_IDS = ("0x0027", "0x005e", "0x0063", "0x006f", "0x0056", "0x0062", "0x0076")
+# the host bounds of v2 and v3 slices, which their metadata lacks (torch_xla's table)
+_ACCELERATOR_TYPE_TO_HOST_BOUNDS = {
+    "v2-8": "1,1,1",
+    "v2-32": "2,2,1",
+    "v2-128": "4,4,1",
+    "v2-256": "4,8,1",
+    "v2-512": "8,8,1",
+    "v3-8": "1,1,1",
+    "v3-32": "2,2,1",
+    "v3-64": "2,4,1",
+    "v3-128": "4,4,1",
+    "v3-256": "4,8,1",
+    "v3-512": "8,8,1",
+    "v3-1024": "8,16,1",
+    "v3-2048": "16,16,1",
+}
 _PCI_DEVICES = "/sys/bus/pci/devices"
 
 
@@ -176,7 +196,18 @@ def build_tpu_env_from_vars() -> dict:
     }
 
 
+class NotATpuHostError(OSError):
+    """The TPU VM metadata was asked for on a host without TPU chips (no metadata server to ask)."""
+
+
 def _get_metadata(key: str) -> str:
+    """The TPU VM's metadata attribute ``key``; :class:`NotATpuHostError` on a host without TPU chips, where
+    torch_xla's request fails too (after trying the server)."""
+    if not num_available_chips():
+        raise NotATpuHostError(
+            "Failed to get TPU metadata: this host has no TPU chips on its PCI bus (not a TPU VM); set "
+            "TPU_SKIP_MDS_QUERY=1 and TPU_ACCELERATOR_TYPE (e.g. v4-8) to describe one"
+        )
     request = urllib.request.Request(
         f"{_GCE_METADATA_ROOT_URL}/instance/attributes/{key}", headers={"Metadata-Flavor": "Google"}
     )
@@ -207,13 +238,10 @@ def get_tpu_env() -> dict:
     """
     if _using_env_vars():
         return build_tpu_env_from_vars()
-    if not num_available_chips():
-        raise OSError(
-            "Failed to get TPU metadata: this host has no TPU chips on its PCI bus (not a TPU VM); set "
-            "TPU_SKIP_MDS_QUERY=1 and TPU_ACCELERATOR_TYPE (e.g. v4-8) to describe one"
-        )
     try:
         return _parse_tpu_env(_get_metadata("tpu-env"))
+    except NotATpuHostError:
+        raise
     except OSError as e:
         raise OSError("Failed to get TPU metadata") from e
 
@@ -229,13 +257,17 @@ def worker_id() -> int:
 
 
 def version() -> int:
-    """The TPU generation (4 for ``v4-8``) from :func:`get_tpu_env`.
+    """The TPU generation (4 for ``v4-8``, 7 for ``tpu7x-8``) from :func:`get_tpu_env`; ``OSError`` when the
+    accelerator type is not a TPU's.
 
     Example::
 
         if tpu.version() >= 4: ...
     """
-    match = re.match(r"^v(\d)([A-Za-z]?){7}-(\d+)$", get_tpu_env()[xenv.ACCELERATOR_TYPE])
+    accelerator = get_tpu_env()[xenv.ACCELERATOR_TYPE]
+    match = re.match(r"^(?:v|tpu)(\d)([A-Za-z]?){7}-(\d+)$", accelerator or "")
+    if not match:
+        raise OSError(f"Failed to parse TPU version from metadata: accelerator type {accelerator!r}")
     return int(match.groups()[0])
 
 
@@ -260,10 +292,12 @@ def get_worker_ips() -> list[str]:
     """
     if _using_env_vars():
         hosts = xu.getenv_as(xenv.TPU_WORKER_HOSTNAMES, str, "").split(",")
-    elif not num_available_chips():
-        hosts = ["localhost"]
     else:
-        hosts = [w.split(":")[2] for w in _get_metadata("worker-network-endpoints").split(",")]
+        try:
+            endpoints = _get_metadata("worker-network-endpoints")
+        except NotATpuHostError:  # lazyxla's devices on this host are the whole slice (the module's note)
+            return ["localhost"]
+        hosts = [w.split(":")[2] for w in endpoints.split(",")]  # 'hostname:uid:ip,...'
     return hosts if len(hosts) > 1 else ["localhost"]
 
 
@@ -287,6 +321,54 @@ def configure_one_chip_topology() -> None:
     os.environ.setdefault(xenv.TPU_VISIBLE_CHIPS, "0")
     os.environ.setdefault(xenv.TPU_CHIPS_PER_PROCESS_BOUNDS, "1,1,1")
     os.environ.setdefault(xenv.TPU_PROCESS_BOUNDS, "1,1,1")
+
+
+def configure_topology(local_rank: int, local_world_size: int, base_port: int = 8476) -> None:
+    """Set the TPU runtime's variables for process ``local_rank`` of ``local_world_size`` on this host, one chip
+    per process, from the TPU metadata (kept when already set), as torch_xla: process bounds, task id, the
+    processes' addresses (ports ``base_port`` onward on every worker), visible chip and port.
+
+    Example::
+
+        tpu.configure_topology(local_rank=0, local_world_size=4)   # TPU_VISIBLE_CHIPS=0, TPU_PROCESS_PORT=8476
+    """
+    tpu_env = get_tpu_env()
+    tpu_version = version()
+    if tpu_version >= 4:
+        default_bounds = MeshShape.from_string(tpu_env[xenv.TPU_PROCESS_BOUNDS])
+        chips_per_process = MeshShape.from_string(tpu_env[xenv.TPU_CHIPS_PER_PROCESS_BOUNDS])
+    else:  # v2/v3 metadata has no bounds: torch_xla's table
+        default_bounds = MeshShape.from_string(_ACCELERATOR_TYPE_TO_HOST_BOUNDS[tpu_env[xenv.ACCELERATOR_TYPE]])
+        chips_per_process = MeshShape.from_string("2,2,1")
+    process_bounds = ",".join(str(d) for d in default_bounds * chips_per_process)  # one chip per process
+    if tpu_version == 7:
+        process_bounds += ",2"
+    os.environ.setdefault(xenv.TPU_CHIPS_PER_PROCESS_BOUNDS, "1,1,1")
+    os.environ.setdefault(xenv.TPU_PROCESS_BOUNDS, process_bounds)
+    worker = int(tpu_env[xenv.WORKER_ID])
+    os.environ.setdefault(xenv.CLOUD_TPU_TASK_ID, str(worker * local_world_size + local_rank))
+    ports = list(range(base_port, base_port + local_world_size))
+    endpoints = [",".join(f"{ip}:{port}" for port in ports) for ip in get_worker_ips()]
+    os.environ.setdefault(xenv.TPU_PROCESS_ADDRESSES, ",".join(endpoints))
+    os.environ.setdefault(xenv.TPU_VISIBLE_CHIPS, str(local_rank))
+    os.environ.setdefault(xenv.TPU_PROCESS_PORT, str(ports[local_rank]))
+
+
+def discover_master_worker_ip(use_localhost: bool = True) -> str:
+    """The address of the master TPU host: ``'localhost'`` for one host; else the host running replica 0 (process
+    0 in SPMD mode), as torch_xla. Every process must call it (it meets the others: lazyxla's process 0 runs
+    replica 0, so its worker id names the host, where torch_xla broadcasts it from device 0).
+
+    Example::
+
+        os.environ.setdefault("MASTER_ADDR", tpu.discover_master_worker_ip())
+    """
+    worker_ips = get_worker_ips()
+    if len(worker_ips) == 1:
+        return "localhost"
+    current = str(int(get_tpu_env()[xenv.WORKER_ID])).encode()
+    worker_ids = lazyxla.runtime.rendezvous("torch_xla._internal.tpu.discover_master_worker_ip", current)
+    return worker_ips[int(worker_ids[0])]
 
 
 def __getattr__(name: str):

@@ -43,7 +43,15 @@ from lazyxla.parallel.process_group import LazyxlaProcessGroup, done
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 
-def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
+def rendezvous_handler(url: str, timeout=None, **kwargs):
+    """The ``xla://`` init method's handler: ``(store, rank, world_size)`` from lazyxla's runtime (the
+    replica's ordinal and the replica count) and ``MASTER_ADDR``/``MASTER_PORT``; one replica without them gets an
+    in-memory store. torch_xla names it ``torch_xla._internal.rendezvous.pjrt_rendezvous_handler``.
+
+    Example::
+
+        store, rank, world = next(rendezvous_handler("xla://"))
+    """
     rank, world = lazyxla.runtime.global_ordinal(), lazyxla.runtime.world_size()
     if world == 1 and not (foreign_env("MASTER_ADDR") and foreign_env("MASTER_PORT")):
         yield (dist.HashStore(), 0, 1)
@@ -215,7 +223,7 @@ def _register() -> None:
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _create, devices=[torch_name()])
     if not torch_private.has_rendezvous_handler("xla"):
-        _rendezvous.register_rendezvous_handler("xla", _xla_rendezvous_handler)
+        _rendezvous.register_rendezvous_handler("xla", rendezvous_handler)
     dist.new_group = new_xla_process_group  # as torch_xla does: groups of ProcessGroupXla get their mesh
 
 

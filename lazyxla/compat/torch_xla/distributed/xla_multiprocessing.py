@@ -93,14 +93,14 @@ def spawn(
             fn,
             args=tuple(args),
             nprocs=nprocs,
-            start_method=_start_method(start_method),
+            start_method=replica_start_method(start_method),
             cpu_devices=1 if one_cpu_device else None,
         )
     # join=False: no process context to hand back (torch_xla's PJRT spawn returns None, having joined)
     return result if join else None
 
 
-def _start_method(asked: str) -> str:
+def replica_start_method(asked: str) -> str:
     """How replicas start: ``fork`` (Lightning's XLA launcher asks for it) becomes ``spawn``. This process runs
     JAX's threads (lazyxla imports and starts JAX); a forked child inherits their locks but not the threads and
     deadlocks (JAX warns so), where torch_xla forks before its runtime starts. ``fn`` and ``args`` must then

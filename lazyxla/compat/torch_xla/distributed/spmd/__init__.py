@@ -64,6 +64,7 @@ __all__ = [
     "XLAPatchedLinear",
     "XLAShard",
     "XLAShardedTensor",
+    "apply_backward_optimization_barrier",
     "apply_xla_patch_to_nn_linear",
     "auto_policy",
     "clear_sharding",
@@ -403,6 +404,22 @@ disable_manual_sharding = stub("torch_xla.distributed.spmd.disable_manual_shardi
 
 
 # --- torch.distributed.tensor's entry points (torch_xla.distributed.spmd.api) -----------------------------
+
+
+def apply_backward_optimization_barrier(m: nn.Module) -> None:
+    """Put ``m``'s parameter gradients and input gradients through one XLA optimization barrier when its backward
+    runs (a full backward hook, as torch_xla's), so the compiler does not fuse ``m``'s backward with the rest.
+
+    Example::
+
+        xs.apply_backward_optimization_barrier(model.layers[3])
+    """
+
+    def optimization_barrier(module: nn.Module, grad_input, grad_output) -> None:
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        lazyxla.optimization_barrier_([t for t in grads + list(grad_input) if isinstance(t, torch.Tensor)])
+
+    m.register_full_backward_hook(optimization_barrier)
 
 
 def auto_policy(mod_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:

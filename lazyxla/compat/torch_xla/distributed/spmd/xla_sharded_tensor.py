@@ -31,6 +31,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.overrides import get_default_nowrap_functions
 
 import lazyxla
 from lazyxla import torch_private
@@ -169,8 +170,23 @@ class XLAShardedTensor(DTensor):
             for s in shards:
                 s.data.zero_()
             xt.load_local_shards_(shards)
+
+        As torch_xla's, it raises ``RuntimeError`` for a tensor without a layout or a replicated one (copy into
+        it instead), for a list missing a device's part and for a part of the wrong shape.
         """
-        lazyxla.spmd.load_local_shards(self.global_tensor, [s.unpadded_data for s in shards])
+        if self.sharding_type == ShardingType.REPLICATED:
+            raise RuntimeError(
+                "Replicated tensor should not be loaded from _load_local_shards - use copy_ (load_local_shards_ "
+                "replaces the parts of a tensor split over the devices)"
+            )
+        shard_shape = _shard_shape(self)
+        wrong = [list(s.data.shape) for s in shards if shard_shape and list(s.data.shape) != shard_shape]
+        if wrong:
+            raise RuntimeError(f"Input shard shape must include padding: {wrong[0]} vs {shard_shape}")
+        try:
+            lazyxla.spmd.load_local_shards(self.global_tensor, [s.unpadded_data for s in shards])
+        except ValueError as e:  # a part missing or of the wrong shape: torch_xla's check raises RuntimeError
+            raise RuntimeError(str(e)) from e
         self.invalidate_spec_cache()
 
     @property
@@ -200,11 +216,17 @@ class XLAShardedTensor(DTensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # As torch_xla's: PyTorch's own handling (DTensor's is skipped), so autograd records on the wrappers and
-        # each aten op then reaches __torch_dispatch__. A result PyTorch made of a plain tensor (an op that also
-        # took a plain device tensor) becomes an XLAShardedTensor through ``as_subclass``, with no wrapped tensor
-        # in torch_xla; here it gets one (an alias of itself) and no mesh.
-        return _adopt(super(DTensor, cls).__torch_function__(func, types, args, kwargs))
+        # As torch_xla's: PyTorch's own handling (torch.Tensor.__torch_function__; DTensor's is skipped), so
+        # autograd records on the wrappers and each aten op then reaches __torch_dispatch__. A result PyTorch made
+        # of a plain tensor (an op that also took a plain device tensor) becomes an XLAShardedTensor through
+        # ``as_subclass``, with no wrapped tensor in torch_xla; here it wraps that plain result and has no mesh.
+        with torch_private.disable_torch_function_subclass():
+            out = func(*args, **(kwargs or {}))
+        if func in get_default_nowrap_functions():
+            return out
+        if isinstance(out, tuple | list):
+            return type(out)(_adopt(x) for x in out)
+        return _adopt(out)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -366,18 +388,31 @@ def _wrap(x):
     return XLAShardedTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) else x
 
 
-def _adopt(out):
-    """``out`` with every XLAShardedTensor PyTorch made through ``as_subclass`` given its alias as its wrapped
-    tensor and no mesh."""
+def _shard_shape(t: XLAShardedTensor) -> list[int] | None:
+    """The shape of each device's part as ``local_shards`` gives it (a dimension split in k: ceil(n / k), padded
+    as in torch_xla), from the wrapper's mesh shape and partition spec; None when it knows none."""
+    if t.mesh_shape is None or t.partition_spec is None:
+        return None
+    shape = []
+    for n, axes in zip(t.shape, t.partition_spec):
+        parts = 1
+        for axis in () if axes is None else axes if isinstance(axes, tuple) else (axes,):
+            if not isinstance(axis, int):  # (the wrapper keeps axis indices; anything else: no check)
+                return None
+            parts *= t.mesh_shape[axis]
+        shape.append(-(-n // parts))
+    return shape
 
-    def adopt(x):
-        if isinstance(x, XLAShardedTensor) and not hasattr(x, "global_tensor"):
-            with torch_private.disable_torch_function_subclass():
-                x.global_tensor = x.as_subclass(torch.Tensor)
-            x.mesh_shape = x.partition_spec = x._cached_spec = None
+
+def _adopt(x):
+    """A plain tensor an op returned, as torch.Tensor.__torch_function__ gives it (``as_subclass``, which keeps
+    its autograd history), with itself as its wrapped tensor and no mesh; any other value as it is."""
+    if not isinstance(x, torch.Tensor) or isinstance(x, XLAShardedTensor):
         return x
-
-    return torch_private.tree_map(adopt, out)
+    out = x.as_subclass(XLAShardedTensor)  # an alias of x: the Python key is set on it, not on x
+    out.global_tensor = x
+    out.mesh_shape = out.partition_spec = out._cached_spec = None
+    return out
 
 
 def sharding_type_of(t: torch.Tensor) -> ShardingType:
