@@ -255,6 +255,22 @@ tree_flatten = torch.utils._pytree.tree_flatten
 tree_unflatten = torch.utils._pytree.tree_unflatten
 tree_leaves = torch.utils._pytree.tree_leaves
 tree_map = torch.utils._pytree.tree_map
+# a TreeSpec as a JSON string and back: torch_xla.stablehlo's .meta files hold a program's input and output specs
+treespec_dumps = torch.utils._pytree.treespec_dumps
+treespec_loads = torch.utils._pytree.treespec_loads
+
+
+def exported_flat_inputs(program, args: tuple, kwargs: dict) -> list:
+    """The flat inputs of a ``torch.export.ExportedProgram``'s graph module for a call with ``args`` and
+    ``kwargs``: its parameters, buffers and constants, then the user's inputs, in ``graph_signature.input_specs``
+    order (torch_xla.stablehlo runs the graph module on these).
+
+    Example::
+
+        flat = exported_flat_inputs(torch.export.export(model, (x,)), (x,), {})
+    """
+    return program._graph_module_flat_inputs(args, kwargs)
+
 
 
 def elementwise_result_dtype(*operands) -> torch.dtype:

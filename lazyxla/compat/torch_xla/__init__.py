@@ -239,6 +239,7 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
 from lazyxla.compat.torch_xla import _XLAC, experimental, runtime  # noqa: E402, F401  (_XLAC: torch_xla imports it too)
 from lazyxla.compat.torch_xla.core import xla_model as xm  # noqa: E402
 from lazyxla.compat.torch_xla.distributed import xla_multiprocessing as xmp  # noqa: E402
+from lazyxla.compat.torch_xla.stablehlo import save_as_stablehlo, save_torch_model_as_stablehlo  # noqa: E402
 
 # torch.compile'd functions call xm's collectives without a graph break (lazyxla's files are skipped by Dynamo)
 lazyxla.dynamo.allow_in_graph(
@@ -264,6 +265,8 @@ __all__ = [
     "manual_seed",
     "real_devices",
     "runtime",
+    "save_as_stablehlo",
+    "save_torch_model_as_stablehlo",
     "step",
     "sync",
 ]
