@@ -81,7 +81,6 @@ MODULE_REASONS = {
     "torch_xla.experimental.scan_layers": "issue 17 point 3",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "FSDPv2: issue 17 point 2",
     "torch_xla.experimental.custom_kernel": "Pallas kernels: TPU only",
-    "torch_xla.stablehlo": "not provided; lazyxla.stablehlo exports StableHLO in lazyxla's own API",
 }
 NAME_REASONS = {
     ("torch_xla.experimental", "eager_mode"): "issue 17 point 4",
@@ -89,6 +88,7 @@ NAME_REASONS = {
     ("torch_xla.experimental", "eager_mode_context"): "issue 17 point 4",
 }
 _SHARDED_TENSOR = "no padding; autograd records on the wrapped tensor"  # both import paths of the one class
+_FIXED_SHAPES = "fixed shapes: dynamic dimensions (torch.export.Dim) raise, naming them"
 _AUTO = "a fixed policy (parameters split on their first dimension the devices divide) stands for XLA's auto-sharding"
 
 # Names the layer has that do less than torch_xla's (what differs is in docs/migrating-from-torch_xla.md).
@@ -105,6 +105,12 @@ PARTIAL = {
     ("torch_xla.distributed.spmd", "auto_policy"): _AUTO,
     ("torch_xla.distributed.spmd.api", "auto_policy"): _AUTO,
     ("torch_xla.experimental.distributed_checkpoint", "CheckpointManager"): "local or mounted folders (no fsspec URL)",
+    ("torch_xla.stablehlo", "exported_program_to_stablehlo"): _FIXED_SHAPES,
+    ("torch_xla.stablehlo", "save_as_stablehlo"): _FIXED_SHAPES,
+    ("torch_xla.stablehlo", "save_torch_model_as_stablehlo"): _FIXED_SHAPES,
+    ("torch_xla.stablehlo", "StableHLOExportOptions"): "inline_all_constant has no effect (scalars are inlined); "
+    "custom_ops_allowed_in_graph and export_node_metadata raise",
+    ("torch_xla.stablehlo", "XLAExportInterpreter"): "custom_ops_allowed_in_graph and gm_serializer raise",
 }
 
 

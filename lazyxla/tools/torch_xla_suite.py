@@ -73,6 +73,7 @@ PATTERNS = (
     "test/torch_distributed/test_*.py",
     "test/eager/test_*.py",
     "test/scan/test_*.py",
+    "test/stablehlo/test_*.py",
 )
 NOT_TESTS = {
     "examples/decoder_only_model.py": "a model module the examples import",
@@ -125,6 +126,10 @@ _XLA_SHARDING_CASES = {
     "BasicXlaShardingTest.test_hybrid_mesh": "mocks 2 slices of 4 TPU devices (xr.global_runtime_device_attributes); "
     "lazyxla's HybridMesh is laid over the run's real devices",
 }
+# torch_xla's StableHLO text has each Python scalar as its own f32 constant (dense<5.000000e+00>, or a tensor<2x3xf32>
+# splat) or, with inline_all_constant=False, as an f32 argument of main; lazyxla's lowering packs a program's scalars
+# into one constant per dtype (dense<[5, 1]> : tensor<2xi64>) and broadcasts them with stablehlo.broadcast_in_dim
+_PACKED = "checks how torch_xla's lowering writes Python scalars in the StableHLO text (lazyxla packs them)"
 # The decoder examples that take no arguments train torch_xla's default model for 200 steps (MLP width 32768,
 # 16 x 512 tokens: ~200M parameters): on 2 CPU cores that runs out of the time limit or of memory (SIGKILL) after
 # its first steps; train_decoder_only_base.py, which takes arguments, runs the same code on a small model.
@@ -219,6 +224,20 @@ SETTINGS = {
     "test/spmd/test_xla_sharding.py": Setting(case_reasons=_XLA_SHARDING_CASES),
     "test/spmd/test_xla_spmd_python_api_interaction.py": Setting(
         known="xr.is_spmd() reads XLA_USE_SPMD in torch_xla; lazyxla's answers whether SPMD is on"
+    ),  # they read details of torch_xla's lowering in the StableHLO text; lazyxla's program computes the same values
+    "test/stablehlo/test_exports.py": Setting(
+        case_reasons=dict.fromkeys(
+            ("ExportTest.test_inline_all_scalar", "ExportTest.test_inline_only_special_scalar"), _PACKED
+        )
+    ),
+    "test/stablehlo/test_xla_export_interpreter.py": Setting(
+        case_reasons=dict.fromkeys(
+            (
+                "XLAExportInterpreterTest.test_constant_wrapping",
+                "XLAExportInterpreterTest.test_constant_wrapping_scalar_variant",
+            ),
+            _PACKED,
+        )
     ),
 }
 DEFAULT = Setting()
