@@ -188,6 +188,19 @@ def test_pytree_inputs_outputs_int64_and_unused_arguments(shlo, tmp_path):
         torch.testing.assert_close(extra["sum"].cpu(), want_extra["sum"])
 
 
+def test_bfloat16_weights_save_and_load(shlo, tmp_path):
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 2).to(torch.bfloat16), torch.randn(3, 4, dtype=torch.bfloat16)
+    program = shlo.exported_program_to_stablehlo(torch.export.export(model, (x,)))
+    program.save(tmp_path)
+    with torch.no_grad():
+        want = model(x).float()
+        for prog in (program, shlo.StableHLOGraphModule.load(tmp_path)):
+            got = prog(x).cpu()
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)  # bfloat16's resolution
+
+
 def test_lifted_constants_and_buffers_are_state(shlo, tmp_path):
     class M(nn.Module):
         def __init__(self):

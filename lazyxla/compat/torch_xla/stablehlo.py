@@ -511,7 +511,7 @@ def _runner(func: StableHLOFunc) -> jax.export.Exported:
         return tuple(jax.numpy.zeros(o.shape, o.dtype) for o in outs)
 
     with devices.x64():
-        template = jax.export.export(jax.jit(stand_in, keep_unused=True), platforms=(devices.platform(),))(*ins)
+        template = jax.export.export(jax.jit(stand_in, keep_unused=True))(*ins)  # for jax's default backend: lazyxla's
     return dataclasses.replace(template, mlir_module_serialized=func.bytecode)
 
 
@@ -537,6 +537,8 @@ def _host(x, sig: VariableSignature, k: int) -> np.ndarray:
         host = devices.host_array(x.detach().cpu())
     else:
         host = np.asarray(x, dtype=want if np.isscalar(x) else None)
+    if host.dtype.kind == "V" and host.dtype.itemsize == want.itemsize:  # np.save keeps bfloat16 as raw 2-byte values
+        host = host.view(want)
     if tuple(host.shape) != tuple(sig.shape) or host.dtype != want:
         raise ValueError(
             f"input {k} of the StableHLO program is {sig.dtype}{list(sig.shape)}, the call gave "
