@@ -99,6 +99,13 @@ def test_scripts_count_once_and_time_limits_hold(tmp_path):
     assert "**1 of 2 test cases that use only torch_xla's public or `_internal` Python API passed (50%)**" in table
     assert "1 of 4 (25%)" in table and f"| *outside the API:* {reasons.XLAC} | 2 |" in table
     assert "| `test/test_mp_bad.py` | 0 / 1 | 0 |" in table
+    assert "Without the files added to the selection later" not in table  # none of LATER_FILES ran
+    # a file of LATER_FILES: the headline counts it, and a second figure gives the selection before it
+    later = dict(bad, file=next(iter(suite.LATER_FILES)) + "test_new.py")
+    run = {"finished": "today", "source_commit": "abc", "seconds": 60, "cpus": 2, "files": [*files, later]}
+    table = suite.markdown(run)
+    assert "**1 of 3 test cases that use only torch_xla's public or `_internal` Python API passed (33%)**" in table
+    assert "Without the files added to the selection later" in table and "**1 of 2 (50%)**" in table
 
 
 TWO_CLASSES = """

@@ -75,6 +75,12 @@ PATTERNS = (
     "test/scan/test_*.py",
     "test/stablehlo/test_*.py",
 )
+# Files added to the selection after a figure was quoted, with why: the doc gives the headline figure without them
+# too, so that it stays comparable with the earlier runs (issue 30's 70% was over the selection before them).
+LATER_FILES = {
+    "test/stablehlo/": "added 2026-11-29 with torch_xla.stablehlo; most of its cases need dynamic shapes, "
+    "torchvision or torch_xla modules lazyxla does not provide",
+}
 NOT_TESTS = {
     "examples/decoder_only_model.py": "a model module the examples import",
     "examples/scan/decoder_with_scan.py": "a model class train_decoder_only_base.py takes (VARIANTS)",
@@ -513,6 +519,7 @@ def markdown(data: dict) -> str:
         f"{s['run']} ({_percent(s['passed'], s['run'])}), where the {cpp} cases between the two fail for a reason "
         "that needs torch_xla's C++ internals or a private name (marked *outside the API* below). "
         f"{s['skipped']} cases were skipped by the tests themselves, not counted as run.",
+        *_without_later_files(data["files"]),
         "",
         "| reason a case fails | cases |",
         "| --- | ---: |",
@@ -523,6 +530,21 @@ def markdown(data: dict) -> str:
         *[_file_line(row) for row in data["files"]],
     ]
     return "\n".join(lines)
+
+
+def _without_later_files(rows: list[dict]) -> list[str]:
+    """The headline over the selection before ``LATER_FILES`` (nothing when the run has none of them)."""
+    earlier = [row for row in rows if not any(row["file"].startswith(prefix) for prefix in LATER_FILES)]
+    if len(earlier) == len(rows):
+        return []
+    s = summarize(earlier)
+    why = "; ".join(f"`{prefix}`: {reason}" for prefix, reason in LATER_FILES.items())
+    return [
+        "",
+        f"Without the files added to the selection later ({why}): **{s['passed']} of {s['python_api_run']} "
+        f"({_percent(s['passed'], s['python_api_run'])})** of the cases that use only the public or `_internal` "
+        f"API; {s['passed']} of {s['run']} ({_percent(s['passed'], s['run'])}) of every case run.",
+    ]
 
 
 def update_doc(data: dict, doc: Path = DOC) -> None:
