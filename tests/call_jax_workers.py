@@ -10,6 +10,7 @@ def spmd_call_jax(rank: int) -> dict:
     the CPU, the output's layout, and the compiles per step."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from jax.sharding import PartitionSpec as P
 
     import lazyxla
@@ -45,4 +46,16 @@ def spmd_call_jax(rank: int) -> dict:
     ref = t / t.abs().sum(-1, keepdim=True)
     ref.square().sum().backward()
     worst = max(float((y.cpu() - ref).abs().max()), float((grad - ref_w.grad).abs().max()))
-    return {"worst": worst, "compiles": compiles, "shards": [tuple(s) for s in shards]}
+    arr = lazyxla.to_jax(x)  # the global array, still split by rows
+    a = jax.device_put(jnp.arange(16.0, dtype=jnp.float32), jax.sharding.NamedSharding(mesh.jax_mesh, P("data")))
+    t = lazyxla.from_jax(a)  # kept as it is laid out: no copy
+    return {
+        "worst": worst,
+        "compiles": compiles,
+        "shards": [tuple(s) for s in shards],
+        "to_jax_spec": tuple(arr.sharding.spec),
+        "to_jax_equal": bool((torch.from_numpy(np.asarray(arr).copy()) == x_cpu).all()),
+        "from_jax_same": lazyxla.to_jax(t) is a,
+        "from_jax_shards": [tuple(s.data.shape) for s in spmd.local_shards(t)],
+        "from_jax_sum": (t * 2).sum().item(),
+    }

@@ -369,6 +369,8 @@ def test_spmd_sharded_inputs_on_8_devices():
     assert run["worst"] < 1e-5, run
     assert run["shards"] == [(2, 8)] * 8, run  # the output stays split by rows over the 8 devices
     assert run["compiles"][1:] == [run["compiles"][0]] * 2, run  # steps 2 and 3 compile nothing
+    assert run["to_jax_spec"] == ("data", None) and run["to_jax_equal"], run  # the global array, its layout kept
+    assert run["from_jax_same"] and run["from_jax_shards"] == [(2,)] * 8 and run["from_jax_sum"] == 240.0, run
 
 
 def test_torch_compile_runs_call_jax_in_the_step_program(dev):
@@ -386,3 +388,26 @@ def test_torch_compile_runs_call_jax_in_the_step_program(dev):
         torch.testing.assert_close(p, q, **TOL)
     assert compiles[1:] == [compiles[1]] * 3 and compiles[1] <= 2, compiles
     assert lazyxla.metrics.counters()["jax_calls"] == 8  # forward and backward, 4 steps
+
+
+def test_call_jax_inside_a_scanned_loop(dev):
+    """The loop body is traced once: its call_jax node (and its vjp's) become part of the scanned body."""
+    torch.manual_seed(0)
+    w_cpu, xs_cpu = torch.randn(4, 4, requires_grad=True), torch.randn(5, 2, 4)
+    w = w_cpu.detach().to(dev).requires_grad_()
+
+    def body(carry, x):
+        h, w = carry
+        h = lazyxla.call_jax(lambda a, b: jnp.tanh(a @ b), h + x, w)
+        return (h, w), h.sum()
+
+    (h, _), ys = lazyxla.scan(body, (torch.zeros(2, 4).to(dev), w), xs_cpu.to(dev))
+    (h.sum() + ys.sum()).backward()
+    h_cpu, total = torch.zeros(2, 4), 0
+    for x in xs_cpu:
+        h_cpu = torch.tanh((h_cpu + x) @ w_cpu)
+        total = total + h_cpu.sum()
+    (h_cpu.sum() + total).backward()
+    torch.testing.assert_close(h.detach().cpu(), h_cpu.detach(), **TOL)
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad, **TOL)
+    assert lazyxla.metrics.counters()["jax_calls"] == 2  # one trace of the body, forward and backward
