@@ -173,7 +173,7 @@ def from_jax(a: jax.Array, device: torch.device | str | int | None = None) -> to
 
     Example::
 
-        t = lazyxla.from_jax(jnp.arange(6.0).reshape(2, 3))     # lazyxla:0, float32... (float64 under x64)
+        t = lazyxla.from_jax(jnp.arange(6.0).reshape(2, 3))     # on lazyxla:0, float32, no copy on that device
         (t * 2).sum().item()                                      # 30.0
     """
     if not isinstance(a, jax.Array) or isinstance(a, jax.core.Tracer):
