@@ -32,6 +32,7 @@ from lazyxla.frontend import generation as _generation
 from lazyxla.frontend import kernels as _kernels
 from lazyxla.frontend import trainer as _trainer
 from lazyxla.frontend.export import Exported, ExportError, export
+from lazyxla.frontend.jax_interop import call_jax, from_jax, jax_function, to_jax
 from lazyxla.frontend.scan import StackedLayers, scan, scan_layers
 from lazyxla.lazy import eager as _eager  # noqa: F401  (installs the eager-mode op handler when config.eager is set)
 from lazyxla.lazy.barrier import optimization_barrier_
@@ -158,6 +159,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "broadcast",
+    "call_jax",
     "collective_permute",
     "compile",
     "config",
@@ -166,7 +168,9 @@ __all__ = [
     "devices",
     "eager_mode",
     "export",
+    "from_jax",
     "is_eager_mode",
+    "jax_function",
     "load",
     "mark_step",
     "metrics",
@@ -183,5 +187,6 @@ __all__ = [
     "spmd",
     "spawn",
     "sync",
+    "to_jax",
     "wait_device_ops",
 ]

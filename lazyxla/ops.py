@@ -16,6 +16,8 @@
   The recorder checks the position; it is non-negative and in range.
 - ``scan(inputs, body, length)``: a loop of ``length`` iterations over one traced body (``frontend/scan.py``).
 - ``optimization_barrier(xs)``: the same values, through XLA's optimization barrier (``lazy/barrier.py``).
+- ``call_jax(inputs, fn)``: one call of a user's JAX function (``lazyxla.call_jax``, ``frontend/jax_interop.py``);
+  ``fn`` names the function by the digest of its jaxpr (``lowering/rules/jax_call.py``).
 
 Example::
 
@@ -109,6 +111,10 @@ library.define("scan(Tensor[] inputs, str body, int length) -> Tensor[]")
 library.define("optimization_barrier(Tensor[] xs) -> Tensor[]")
 for _key in ("CPU", "Meta"):
     library.impl("optimization_barrier", lambda xs: [x.clone() for x in xs], _key)
+
+# One call of a user's JAX function (lazyxla.call_jax): ``fn`` names it by the digest of its jaxpr for the call's
+# avals (lowering/rules/jax_call.py); recorded directly as a node (no meta kernel: jax.eval_shape gives the avals).
+library.define("call_jax(Tensor[] inputs, str fn) -> Tensor[]")
 
 ops = torch.ops.lazyxla
 COLLECTIVE_OPS = frozenset(getattr(ops, name).default for name in _SCHEMAS)

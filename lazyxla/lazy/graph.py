@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import time
+import weakref
 
 from lazyxla.config import config
 from lazyxla.device import devices, processes
@@ -390,12 +391,21 @@ def payload_of(n):
     return n.payload
 
 
+# Device data whose jax.Array the user holds too (``lazyxla.to_jax``, ``lazyxla.from_jax``): never donated, since
+# donation deletes the array (a weak set: an entry leaves with its node)
+SHARED: weakref.WeakSet = weakref.WeakSet()
+
+
 def _donatable(leaves, pending, keep: set) -> list[int]:
-    """Inputs no live tensor holds after this step, nor a graph left pending (``keep``): their buffers can be
-    donated to its outputs."""
+    """Inputs no live tensor holds after this step, nor a graph left pending (``keep``), nor the user as a jax.Array
+    (``SHARED``): their buffers can be donated to its outputs."""
     pending_ids = {id(t) for t in pending}
     held = {id(t._value[0]) for t in live_tensors() if id(t) not in pending_ids}
-    return tuple(i for i, n in enumerate(leaves) if n.op is Leaf.DATA and id(n) not in held and id(n) not in keep)
+    return tuple(
+        i
+        for i, n in enumerate(leaves)
+        if n.op is Leaf.DATA and id(n) not in held and id(n) not in keep and (not SHARED or n not in SHARED)
+    )
 
 
 def _run_groups(pending: list, keep: set | None, trigger: str, report: SyncReport) -> None:

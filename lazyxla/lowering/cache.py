@@ -45,6 +45,7 @@ from lazyxla.device import devices, host_memory, meshes, processes
 from lazyxla.device.meshes import layouts
 from lazyxla.ir import digest
 from lazyxla.lowering import replica
+from lazyxla.lowering.rules import jax_call
 from lazyxla.lowering.to_jax import ArgLayout, graph_fn
 from lazyxla.observe import metrics
 from lazyxla.ops import REPLICA_OPS, ops
@@ -200,7 +201,7 @@ def get(key, order, leaves, roots, device: int, donate_candidates) -> Compiled:
         )
     reps = replica.replicas() if collective and processes.world_size() > 1 else None
     dev = None if spmd else devices.jax_device(device)
-    store = _folder()
+    store = None if jax_call.calls_python(order) else _folder()  # Python callbacks live in this process only
     name = None
     executable = None
     if store is not None:

@@ -13,6 +13,7 @@ from lazyxla.lowering.rules import (  # noqa: F401
     fft,
     foreach,
     indexing,
+    jax_call,
     linalg,
     loss,
     norm,
