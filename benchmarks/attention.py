@@ -12,6 +12,7 @@ Example::
 
     python -m benchmarks.attention time --steps 30           # median ms per step, compiles, host ms
     python -m benchmarks.attention check                    # on a GPU: also 'cudnn'
+    python -m benchmarks.attention check --dtypes bfloat16  # fewer programs (an XLA:GPU compile takes seconds)
 """
 
 from __future__ import annotations
@@ -85,11 +86,12 @@ def _run(fn, q, k, v, kwargs, dev):
     return out.detach(), [x.grad for x in leaves]
 
 
-def check() -> int:
-    """Each case under each implementation the platform has, against CPU eager; the failures' count."""
+def check(dtypes=(torch.float32, torch.bfloat16, torch.float16)) -> int:
+    """Each case in each of ``dtypes`` under each implementation the platform has, against CPU eager; the
+    failures' count."""
     impls = ["xla"] + (["cudnn"] if lazyxla.platform() == "gpu" else [])
     dev, failures = lazyxla.device(), 0
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         tol = 2e-4 if dtype == torch.float32 else 3e-2
         for name, (b, n, t, s, h, make, kv_heads) in CASES.items():
             torch.manual_seed(0)
@@ -126,13 +128,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("time", "check"))
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="time: the inputs' dtype")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16", help="check: the dtypes to check")
     args = parser.parse_args(argv)
     if args.what == "time":
         lazyxla.config.persistent_cache = False  # the first step compiles: its time is the compile's
         print(time_step(args.steps, dtype=getattr(torch, args.dtype)))
         return 0
-    failures = check()
+    failures = check(tuple(getattr(torch, name) for name in args.dtypes.split(",")))
     print(f"{failures} mismatches")
     return 1 if failures else 0
 
