@@ -49,8 +49,12 @@ def test_cudnn_off_a_gpu_raises_at_the_call(dev):
         with pytest.raises(ValueError, match="'cudnn'.*'cpu' device.*CUDA GPUs only.*set it to 'auto'"):
             F.scaled_dot_product_attention(q, k, v)
         assert lazyxla.metrics.counters().get("ops_recorded", 0) == 0
-        with pytest.raises(ValueError, match="'cudnn'.*dropout.*math path"):
+        with pytest.raises(ValueError, match="'cudnn'.*math path.*dropout"):
             F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        # a mask with is_causal: PyTorch's math path's own error, as under 'auto' (not a cuDNN one)
+        mask = torch.ones(4, 4, dtype=torch.bool, device=dev)
+        with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal"):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
 
 
 def test_the_flag_is_checked_and_read_from_the_environment(monkeypatch):

@@ -198,12 +198,13 @@ def _scaled_dot_product_attention(
         and q.shape[1] == k.shape[1] == v.shape[1]
         and not (is_causal and attn_mask is not None)  # PyTorch rejects the pair; its kernel says how
     )
-    if config.sdpa_implementation == "cudnn":  # raise here, at the call, not when the step compiles
+    rejected = is_causal and attn_mask is not None  # PyTorch's own error below says why
+    if config.sdpa_implementation == "cudnn" and not rejected:  # raise here, at the call, not at the compile
         if not fused:
             raise ValueError(
                 "lazyxla.config.sdpa_implementation is 'cudnn' (LAZYXLA_SDPA_IMPLEMENTATION), but this attention "
-                "call has dropout, grouped-query heads or inputs that are not 4-d, and takes PyTorch's math path; "
-                "set it to 'auto' or 'xla'"
+                "call takes PyTorch's math path (it has dropout, grouped-query heads or inputs that are not 4-d, "
+                "or torch.nn.attention.sdpa_kernel leaves out the fused backend); set it to 'auto' or 'xla'"
             )
         attention.choose(q.shape, k.shape, v.shape, str(q.dtype).removeprefix("torch."), attn_mask is not None)
     if not fused:
