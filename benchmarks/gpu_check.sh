@@ -6,7 +6,9 @@
 #   3. agreement: every step's loss, eager PyTorch on CUDA vs lazyxla, float32 and bfloat16 autocast (each
 #      framework in its own process: with lazyxla imported, a CUDA backward fails, pytorch/pytorch#161129);
 #   4. bench: training steps (a)(b)(f), host time per warm step (i) and program size (h) (eager on the CPU);
-#   5. suite: part of the test suite on the GPU, in the time left.
+#   5. attention: F.scaled_dot_product_attention by cuDNN and by XLA, bfloat16, against CPU eager
+#      (benchmarks/attention.py; float16 and float32 too: `python -m benchmarks.attention check`);
+#   6. suite: part of the test suite on the GPU, in the time left.
 # Usage (from the repository root): OUT=build/gpu bash benchmarks/gpu_check.sh [SECONDS, default 540]
 set -u
 OUT=${OUT:-build/gpu}
@@ -34,6 +36,7 @@ stage env 60 bash -c "nvidia-smi -L; nproc; $PY -c 'import torch, jax; print(tor
 stage demo 90 "$PY" examples/train_mlp.py --steps 100
 stage agreement 150 "$PY" -m benchmarks.agreement --eager-device cuda --steps 10 --json "$OUT/agreement.json"
 TAIL=60 stage bench 280 "$PY" -m benchmarks.run --only training,host,program_size --json "$OUT/bench.json"
+TAIL=25 stage attention 150 "$PY" -m benchmarks.attention check --dtypes bfloat16
 stage suite 600 "$PY" -m pytest -q -p no:cacheprovider -n 6 -rfE --timeout 120 \
     tests/test_autocast.py tests/test_training.py tests/test_tensor_contract.py tests/test_optimizers.py \
     tests/test_capture.py tests/test_device.py tests/test_known_values.py

@@ -318,7 +318,8 @@ def _model_program_lines(dev, layers: int, scan: bool) -> int:
 
 def test_the_program_does_not_grow_with_depth(dev):
     """Forward and backward of 2 and 8 scanned layers: one trace, one program, of about the same size (the
-    per-layer stacking of parameters and the split of their gradients is what grows); unrolled, 4 times."""
+    per-layer stacking of parameters and the split of their gradients is what grows); unrolled, more than twice
+    (2.4 times: every layer's attention calls one function of the StableHLO, written once, rules/attention.py)."""
     lines = {}
     for layers in (2, 8):
         traces = lazyxla.metrics.counters().get("scan_traces", 0)
@@ -326,7 +327,7 @@ def test_the_program_does_not_grow_with_depth(dev):
         assert lazyxla.metrics.counters()["scan_traces"] == traces + 1
     unrolled = {layers: _model_program_lines(dev, layers, scan=False) for layers in (2, 8)}
     assert lines[8] < 1.25 * lines[2], lines
-    assert unrolled[8] > 2.5 * unrolled[2], unrolled
+    assert unrolled[8] > 2 * unrolled[2], unrolled
     lazyxla.sync()
     assert lazyxla.metrics.counters()["compiles"] == 0  # (stablehlo_text lowers without compiling)
 

@@ -19,6 +19,7 @@ from lazyxla.lazy.meta import record
 from lazyxla.lazy.record import DEVICE_KERNEL_OPS
 from lazyxla.lazy.special import copy_into, lazy_to_cpu
 from lazyxla.lazy.tensor import LazyTensor, dispatch_op, set_value, unwrap, wrap
+from lazyxla.lowering.rules import attention
 from lazyxla.util import Memo
 
 aten = torch.ops.aten
@@ -188,7 +189,8 @@ def _scaled_dot_product_attention(
 ):
     """``F.scaled_dot_product_attention`` on lazyxla tensors: one fused op (lowered in rules/attention.py,
     backward included) instead of PyTorch's ~20-op math decomposition. Dropout, grouped-query broadcast,
-    inputs that are not 4-d, and ``sdpa_kernel`` disabling the fused kernels take PyTorch's own path."""
+    inputs that are not 4-d, and ``sdpa_kernel`` disabling the fused kernels take PyTorch's own path.
+    ``config.sdpa_implementation='cudnn'`` raises here for a call cuDNN cannot take."""
     fused = (
         torch_private.overrideable_sdpa_enabled()
         and not dropout_p
@@ -196,6 +198,15 @@ def _scaled_dot_product_attention(
         and q.shape[1] == k.shape[1] == v.shape[1]
         and not (is_causal and attn_mask is not None)  # PyTorch rejects the pair; its kernel says how
     )
+    rejected = is_causal and attn_mask is not None  # PyTorch's own error below says why
+    if config.sdpa_implementation == "cudnn" and not rejected:  # raise here, at the call, not at the compile
+        if not fused:
+            raise ValueError(
+                "lazyxla.config.sdpa_implementation is 'cudnn' (LAZYXLA_SDPA_IMPLEMENTATION), but this attention "
+                "call takes PyTorch's math path (it has dropout, grouped-query heads or inputs that are not 4-d, "
+                "or torch.nn.attention.sdpa_kernel leaves out the fused backend); set it to 'auto' or 'xla'"
+            )
+        attention.choose(q.shape, k.shape, v.shape, str(q.dtype).removeprefix("torch."), attn_mask is not None)
     if not fused:
         return aten.scaled_dot_product_attention.default.decompose(
             q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
