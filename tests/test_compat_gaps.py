@@ -44,8 +44,15 @@ def test_env_var_constants_name_the_variables(xla):
     assert xenv.TPU_MESH_CTLER_ADDR == "TPU_MESH_CONTROLLER_ADDRESS"  # torch_xla's one abbreviated name
     assert xenv.TPU_MESH_CTLER_PORT == "TPU_MESH_CONTROLLER_PORT"
     constants = {k: v for k, v in vars(xenv).items() if k.isupper()}
-    assert len(constants) == 30
-    assert all(k == v for k, v in constants.items() if not k.startswith("TPU_MESH_CTLER"))
+    # torch_xla's 30 names today, and 14 of earlier releases that libraries still read: the GPU ones and the XRT
+    # runtime's (their values name XRT_* variables, e.g. HOST_ORDINAL)
+    assert len(constants) == 44
+    assert xenv.HOST_ORDINAL == "XRT_HOST_ORDINAL" and xenv.GPU_NUM_DEVICES == "GPU_NUM_DEVICES"
+    xrt = {k: v for k, v in constants.items() if v.startswith("XRT_")}
+    renamed = {"MP_DEVICE": "MULTI_PROCESSING_DEVICE", "SERVICE_ADDRESS": "MESH_SERVICE_ADDRESS"}
+    renamed |= {"LOCAL_ORDINAL": "SHARD_LOCAL_ORDINAL", "ORDINAL": "SHARD_ORDINAL"}
+    assert len(xrt) == 12 and all(v == "XRT_" + renamed.get(k, k) for k, v in xrt.items()), xrt
+    assert all(k == v for k, v in constants.items() if not k.startswith("TPU_MESH_CTLER") and k not in xrt)
 
 
 # --- torch_xla.core.functions ------------------------------------------------------------------------

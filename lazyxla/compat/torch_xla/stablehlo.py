@@ -95,7 +95,12 @@ class StableHLOExportOptions:
 
 
 class VariableType(enum.Enum):
-    """Where a program input comes from: the caller's arguments, the state dict, or the bundle's constants."""
+    """Where a program input comes from: the caller's arguments, the state dict, or the bundle's constants.
+
+    Example::
+
+        [loc.type_ for loc in module._bundle.stablehlo_funcs[0].meta.input_locations]  # PARAMETER..., INPUT_ARG...
+    """
 
     INPUT_ARG = "input_arg"
     PARAMETER = "parameter"
@@ -168,7 +173,13 @@ class StableHLOFunctionMeta:
 
 @dataclass
 class StableHLOFunc:
-    """One function of a bundle: its meta, its StableHLO bytecode and (optionally) its text."""
+    """One function of a bundle: its meta, its StableHLO bytecode and (optionally) its text.
+
+    Example::
+
+        func = exported_program_to_stablehlo(torch.export.export(model, args))._bundle.stablehlo_funcs[0]
+        func.meta.name, len(func.bytecode), func.text.splitlines()[0]
+    """
 
     meta: StableHLOFunctionMeta
     bytecode: bytes
@@ -177,7 +188,13 @@ class StableHLOFunc:
 
 @dataclass
 class StableHLOModelBundle:
-    """The functions with the state they read: ``state_dict`` (name -> NumPy array) and ``additional_constants``."""
+    """The functions with the state they read: ``state_dict`` (name -> NumPy array) and ``additional_constants``.
+
+    Example::
+
+        bundle = exported_program_to_stablehlo(torch.export.export(model, args))._bundle
+        sorted(bundle.state_dict), [f.meta.name for f in bundle.stablehlo_funcs]   # the weights, ['forward']
+    """
 
     state_dict: dict[str, Any]
     additional_constants: list[np.ndarray]
@@ -185,7 +202,12 @@ class StableHLOModelBundle:
 
 
 class StableHLOJSONSerializer(json.JSONEncoder):
-    """JSON for the meta dataclasses (``json.dump(meta, f, cls=StableHLOJSONSerializer)``)."""
+    """JSON for the meta dataclasses.
+
+    Example::
+
+        json.dump(meta, f, cls=StableHLOJSONSerializer)   # meta: a StableHLOFunctionMeta
+    """
 
     def default(self, obj):
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

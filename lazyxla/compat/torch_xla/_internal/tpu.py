@@ -197,7 +197,15 @@ def build_tpu_env_from_vars() -> dict:
 
 
 class NotATpuHostError(OSError):
-    """The TPU VM metadata was asked for on a host without TPU chips (no metadata server to ask)."""
+    """The TPU VM metadata was asked for on a host without TPU chips (no metadata server to ask).
+
+    Example::
+
+        try:
+            tpu.get_tpu_env()
+        except tpu.NotATpuHostError:   # an OSError, as torch_xla's failed request
+            ...                        # not a TPU VM: describe one with TPU_SKIP_MDS_QUERY=1 and TPU_ACCELERATOR_TYPE
+    """
 
 
 def _get_metadata(key: str) -> str:

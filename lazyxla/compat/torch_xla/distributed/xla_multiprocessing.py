@@ -104,7 +104,13 @@ def replica_start_method(asked: str) -> str:
     """How replicas start: ``fork`` (Lightning's XLA launcher asks for it) becomes ``spawn``. This process runs
     JAX's threads (lazyxla imports and starts JAX); a forked child inherits their locks but not the threads and
     deadlocks (JAX warns so), where torch_xla forks before its runtime starts. ``fn`` and ``args`` must then
-    pickle, as Lightning's launcher requires of them anyway."""
+    pickle, as Lightning's launcher requires of them anyway.
+
+    Example::
+
+        replica_start_method("fork")   # -> "spawn"
+        replica_start_method("spawn")  # -> "spawn"
+    """
     return "spawn" if asked == "fork" else asked
 
 
