@@ -197,14 +197,14 @@ FLAGS: tuple[Flag, ...] = (
         "sdpa_implementation",
         str,
         "auto",
-        "How F.scaled_dot_product_attention's fused op (no dropout, same head count for queries and keys, 4-d) "
-        "is computed, through jax.nn.dot_product_attention. 'auto': cuDNN flash attention on a CUDA GPU where jax "
-        "offers it for the call (float16/bfloat16, query and value head dims equal, <= 128 and a multiple of 8, "
-        "<= 256 from Hopper on; with a mask or bias, even sequence lengths), XLA's formulation in float32 "
+        "How F.scaled_dot_product_attention's fused op (no dropout, same head count for queries and keys, 4-d) is "
+        "computed. 'auto': cuDNN flash attention (jax.nn.dot_product_attention) on a CUDA GPU where jax offers it for"
+        " the call (float16/bfloat16, query and value head dims equal, <= 128 and a multiple of 8, <= 256 from Hopper"
+        " on; with a mask or bias, even sequence lengths) outside SPMD, lazyxla's XLA formulation in float32 "
         "otherwise and on CPU/TPU. 'xla': always XLA's. 'cudnn': always cuDNN; a call it cannot take (another "
-        "platform, dtype or shape, or dropout / grouped-query attention, which take PyTorch's math path) raises "
-        "at the call, saying why. The program dump names the choice (call @sdpa_xla / @sdpa_cudnn in the "
-        "StableHLO). See docs/performance.md (attention).",
+        "platform, dtype or shape, or dropout / grouped-query attention, which take PyTorch's math path) raises at "
+        "the call, saying why. The program dump names the choice (call @sdpa_xla / @sdpa_cudnn in the StableHLO). See"
+        " docs/performance.md (attention).",
         affects_compile=True,
         choices=("auto", "xla", "cudnn"),
     ),

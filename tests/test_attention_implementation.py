@@ -104,6 +104,18 @@ def test_cudnn_head_dims_up_to_256_from_hopper_on(monkeypatch):
     assert "up to 128" in attention.cudnn_refusal(shape, shape, shape, "bfloat16", False)
 
 
+def test_auto_keeps_spmd_programs_on_xla(monkeypatch):
+    """On a GPU 'auto' takes cuDNN for a call it can run, except under SPMD (jax's cuDNN attention refuses a
+    sequence dim laid out over devices); 'cudnn' still forces it there."""
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: (9, 0))
+    shape = (2, 4, 16, 64)
+    assert attention.choose(shape, shape, shape, "bfloat16", False) == "cudnn"
+    monkeypatch.setattr(attention.devices, "spmd_enabled", lambda: True)
+    assert attention.choose(shape, shape, shape, "bfloat16", False) == "xla"
+    with lazyxla.config.override(sdpa_implementation="cudnn"):
+        assert attention.choose(shape, shape, shape, "bfloat16", False) == "cudnn"
+
+
 @pytest.fixture
 def cudnn_by_xla(monkeypatch):
     """'cudnn' on the CPU, jax's XLA implementation standing in for cuDNN: lazyxla's cuDNN path (layouts, the

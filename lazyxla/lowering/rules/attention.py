@@ -82,6 +82,10 @@ def choose(q_shape, k_shape, v_shape, dtype: str, bias: bool) -> str:
     wanted = config.sdpa_implementation
     if wanted == "xla":
         return "xla"
+    if wanted == "auto" and devices.spmd_enabled():
+        # jax's cuDNN attention refuses a sequence dim laid out over devices (context parallelism) and its
+        # layout rules under a mesh are untested here: 'auto' keeps SPMD programs on XLA ('cudnn' forces it)
+        return "xla"
     why = cudnn_refusal(q_shape, k_shape, v_shape, dtype, bias)
     if why is None:
         return "cudnn"
