@@ -35,6 +35,7 @@ MODULES = {
     "torch_xla.runtime": "torch_xla/runtime.py",
     "torch_xla.core.xla_model": "torch_xla/core/xla_model.py",
     "torch_xla.core.functions": "torch_xla/core/functions.py",
+    "torch_xla.core.xla_builder": "torch_xla/core/xla_builder.py",
     "torch_xla.core.xla_env_vars": "torch_xla/core/xla_env_vars.py",
     "torch_xla.core.dynamo_bridge": "torch_xla/core/dynamo_bridge.py",
     "torch_xla.debug.metrics": "torch_xla/debug/metrics.py",
@@ -80,7 +81,6 @@ MODULE_REASONS = {
     "torch_xla.experimental.scan": "issue 17 point 3",
     "torch_xla.experimental.scan_layers": "issue 17 point 3",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "FSDPv2: issue 17 point 2",
-    "torch_xla.experimental.custom_kernel": "Pallas kernels: TPU only",
 }
 NAME_REASONS = {
     ("torch_xla.experimental", "eager_mode"): "issue 17 point 4",
@@ -111,6 +111,12 @@ PARTIAL = {
     ("torch_xla.stablehlo", "StableHLOExportOptions"): "inline_all_constant has no effect (scalars are inlined); "
     "custom_ops_allowed_in_graph and export_node_metadata raise",
     ("torch_xla.stablehlo", "XLAExportInterpreter"): "custom_ops_allowed_in_graph and gm_serializer raise",
+    ("torch_xla.core.xla_builder", "call_jax"): "name and override_hash are ignored (lazyxla keys by signature)",
+    ("torch_xla.experimental.custom_kernel", "flash_attention"): "an exact XLA formulation on every platform (not "
+    "jax's Pallas flash kernel: O(len^2) memory); partition_spec/mesh unused (XLA partitions from the shardings)",
+    ("torch_xla.experimental.custom_kernel", "gmm"): "jax.lax.ragged_dot; group_offset raises",
+    ("torch_xla.experimental.custom_kernel", "tgmm"): "exact XLA; group_offset and num_actual_groups raise",
+    ("torch_xla.experimental.custom_kernel", "FlashAttention"): "apply only (flash_attention's positional form)",
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.frontend import jax_interop
 
 _JAX_TO_XLA_COMPUTATION_CACHE: dict = {}  # torch_xla's cache of traced functions; lazyxla keeps its own (stays empty)
 
@@ -80,6 +81,16 @@ def call_jax(
             "positional arguments go in the args tuple"
         )
     return lazyxla.call_jax(jax_func, *args, **(kwargs or {}))
+
+
+def _jax_to_xla_computation_cache_elements() -> int:
+    """How many call signatures ``call_jax`` has traced (lazyxla's plans; torch_xla's tests count cache misses so).
+
+    Example::
+
+        n = xb._jax_to_xla_computation_cache_elements()
+    """
+    return jax_interop.traced_signatures()
 
 
 def __getattr__(name: str):
