@@ -68,6 +68,7 @@ MODULES = {
     "torch_xla.test.test_utils": "torch_xla/test/test_utils.py",
     "torch_xla.experimental.distributed_checkpoint": "torch_xla/experimental/distributed_checkpoint/__init__.py",
     "torch_xla.experimental.custom_kernel": "torch_xla/experimental/custom_kernel.py",
+    "torch_xla.experimental.assume_pure": "torch_xla/experimental/assume_pure.py",
     "torch_xla.stablehlo": "torch_xla/stablehlo.py",
 }
 # Why a module the layer does not have is missing (the issue-17 points name work another part of the project does).
@@ -116,6 +117,8 @@ PARTIAL = {
     "jax's Pallas flash kernel: O(len^2) memory); partition_spec/mesh unused (XLA partitions from the shardings)",
     ("torch_xla.experimental.custom_kernel", "gmm"): "jax.lax.ragged_dot; group_offset raises",
     ("torch_xla.experimental.custom_kernel", "tgmm"): "exact XLA; group_offset and num_actual_groups raise",
+    ("torch_xla.experimental.assume_pure", "assume_pure"): "a one-iteration lazyxla.scan kept per signature, not "
+    "a call_jax call (xb._jax_to_xla_computation_cache_elements does not count it)",
     ("torch_xla.experimental.custom_kernel", "FlashAttention"): "apply only (flash_attention's positional form)",
 }
 

@@ -85,7 +85,7 @@ LATER_FILES = {
     "torchvision or torch_xla modules lazyxla does not provide",
     "test/test_jax_interop.py": "added 2026-11-29 with torch_xla.core.xla_builder.call_jax",
     "test/test_pallas.py": "added 2026-11-29 with torch_xla.experimental.custom_kernel; its cases need a TPU",
-    "test/test_assume_pure": "added 2026-11-29 (issue 31); torch_xla.experimental.assume_pure is not provided yet",
+    "test/test_assume_pure": "added 2026-11-29 with torch_xla.experimental.assume_pure",
 }
 NOT_TESTS = {
     "examples/decoder_only_model.py": "a model module the examples import",
@@ -162,6 +162,7 @@ MULTI_DEVICE = (
     "test/spmd/test_dtensor_redistribute.py",
     "test/spmd/test_xla_sharded_tensor.py",
     "test/spmd/test_mp_input_sharding.py",
+    "test/test_assume_pure_spmd.py",  # its cases skip themselves on 1 device ("Multiple devices required")
     # torch_xla's CPU CI gives these 1 device, where most of their SPMD cases skip themselves ("Multiple devices
     # needed", "Requires at least 4 devices"); torch_xla runs them on TPUs, where they check resharding and sharding
     # texts over several devices: 4 CPU devices run those cases, and the cases that also run on 1 device are written

@@ -109,7 +109,10 @@ REASONS: tuple[tuple[str, str], ...] = (
         r"fsdp|FullyShardedDataParallel|fully_sharded|zero_redundancy|ZeroRedundancy|utils\.checkpoint",
         "needs FSDP / ZeRO-1 / gradient checkpointing (issue 17 point 2)",
     ),
-    (r"No module named '(requests|datasets|transformers|tensorflow)'", "needs a package the suite's environment lacks"),
+    (
+        r"No module named '(requests|datasets|transformers|tensorflow|torchax)'",
+        "needs a package the suite's environment lacks",
+    ),
     (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
 )
 OTHER = "other (see the case's error)"

@@ -40,29 +40,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.compat.torch_xla._internal.jax_workarounds import jax_import_guard, requires_jax  # noqa: F401 (as torch_xla)
 from lazyxla.device import devices
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)  # torch_xla's and jax's flash attention's
-
-
-def jax_import_guard() -> None:
-    """torch_xla's guard against jax grabbing the TPU before torch_xla does; lazyxla runs on jax: nothing to do.
-
-    Example::
-
-        jax_import_guard()
-    """
-
-
-def requires_jax(fn: Callable) -> Callable:
-    """torch_xla's decorator checking that jax is importable; lazyxla depends on jax: ``fn`` itself.
-
-    Example::
-
-        @requires_jax
-        def f(x): ...
-    """
-    return fn
 
 
 def convert_torch_dtype_to_jax(dtype: torch.dtype) -> jnp.dtype:
