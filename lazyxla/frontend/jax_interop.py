@@ -193,6 +193,18 @@ def from_jax(a: jax.Array, device: torch.device | str | int | None = None) -> to
     return wrap(LazyTensor((n, 0), aval, fresh=True))
 
 
+def traced_signatures() -> int:
+    """How many call signatures (function, static arguments, pytree structure, avals) ``call_jax`` has traced and
+    keeps: torch_xla's ``xla_builder._jax_to_xla_computation_cache_elements()`` answers it.
+
+    Example::
+
+        n = traced_signatures(); call_jax(jnp.sin, x); call_jax(jnp.sin, x)
+        assert traced_signatures() == n + 1           # the second call found the first one's plan
+    """
+    return len(_PLANS.table)
+
+
 # ---- a call ------------------------------------------------------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ MODULES = {
     "torch_xla.runtime": "torch_xla/runtime.py",
     "torch_xla.core.xla_model": "torch_xla/core/xla_model.py",
     "torch_xla.core.functions": "torch_xla/core/functions.py",
+    "torch_xla.core.xla_builder": "torch_xla/core/xla_builder.py",
     "torch_xla.core.xla_env_vars": "torch_xla/core/xla_env_vars.py",
     "torch_xla.core.dynamo_bridge": "torch_xla/core/dynamo_bridge.py",
     "torch_xla.debug.metrics": "torch_xla/debug/metrics.py",
@@ -67,6 +68,7 @@ MODULES = {
     "torch_xla.test.test_utils": "torch_xla/test/test_utils.py",
     "torch_xla.experimental.distributed_checkpoint": "torch_xla/experimental/distributed_checkpoint/__init__.py",
     "torch_xla.experimental.custom_kernel": "torch_xla/experimental/custom_kernel.py",
+    "torch_xla.experimental.assume_pure": "torch_xla/experimental/assume_pure.py",
     "torch_xla.stablehlo": "torch_xla/stablehlo.py",
 }
 # Why a module the layer does not have is missing (the issue-17 points name work another part of the project does).
@@ -80,7 +82,6 @@ MODULE_REASONS = {
     "torch_xla.experimental.scan": "issue 17 point 3",
     "torch_xla.experimental.scan_layers": "issue 17 point 3",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel": "FSDPv2: issue 17 point 2",
-    "torch_xla.experimental.custom_kernel": "Pallas kernels: TPU only",
 }
 NAME_REASONS = {
     ("torch_xla.experimental", "eager_mode"): "issue 17 point 4",
@@ -111,6 +112,14 @@ PARTIAL = {
     ("torch_xla.stablehlo", "StableHLOExportOptions"): "inline_all_constant has no effect (scalars are inlined); "
     "custom_ops_allowed_in_graph and export_node_metadata raise",
     ("torch_xla.stablehlo", "XLAExportInterpreter"): "custom_ops_allowed_in_graph and gm_serializer raise",
+    ("torch_xla.core.xla_builder", "call_jax"): "name and override_hash are ignored (lazyxla keys by signature)",
+    ("torch_xla.experimental.custom_kernel", "flash_attention"): "an exact XLA formulation on every platform (not "
+    "jax's Pallas flash kernel: O(len^2) memory); partition_spec/mesh unused (XLA partitions from the shardings)",
+    ("torch_xla.experimental.custom_kernel", "gmm"): "jax.lax.ragged_dot; group_offset raises",
+    ("torch_xla.experimental.custom_kernel", "tgmm"): "exact XLA; group_offset and num_actual_groups raise",
+    ("torch_xla.experimental.assume_pure", "assume_pure"): "a one-iteration lazyxla.scan kept per signature, not "
+    "a call_jax call (xb._jax_to_xla_computation_cache_elements does not count it)",
+    ("torch_xla.experimental.custom_kernel", "FlashAttention"): "apply only (flash_attention's positional form)",
 }
 
 

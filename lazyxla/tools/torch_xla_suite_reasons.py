@@ -90,7 +90,7 @@ REASONS: tuple[tuple[str, str], ...] = (
         r"No module named 'torch_xla\._internal|'torch_xla\._internal[\w.]*' has no attribute",
         "needs a torch_xla._internal name the layer does not provide",
     ),
-    (r"\bTPU\b|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
+    (r"\bTPU(\b|v\d)|tpu\.|libtpu|requires TPU|device_type\(\) == 'TPU'", "needs a TPU"),
     (r"pallas|custom_kernel|flash_attention|splash_attention", "needs Pallas kernels (TPU)"),
     (r"does not exist: this process has \d+ lazyxla device", "asks for a device index the run does not have"),
     (_XLA_NAMED, XLA_DEVICE),
@@ -109,7 +109,10 @@ REASONS: tuple[tuple[str, str], ...] = (
         r"fsdp|FullyShardedDataParallel|fully_sharded|zero_redundancy|ZeroRedundancy|utils\.checkpoint",
         "needs FSDP / ZeRO-1 / gradient checkpointing (issue 17 point 2)",
     ),
-    (r"No module named '(requests|datasets|transformers|tensorflow)'", "needs a package the suite's environment lacks"),
+    (
+        r"No module named '(requests|datasets|transformers|tensorflow|torchax)'",
+        "needs a package the suite's environment lacks",
+    ),
     (r"has no attribute|cannot import name|No module named", "a torch_xla name the layer does not provide"),
 )
 OTHER = "other (see the case's error)"

@@ -1,6 +1,7 @@
 """``torch_xla._XLAC`` on lazyxla: the bindings of torch_xla's C++ module that libraries and torch_xla's public
-tests call: ``_xla_get_tensor_id``, ``_get_xla_sharding_spec``, ``_ensure_xla_coordinator_initialized`` and
-``_xla_get_auto_sharding``.
+tests call: ``_xla_get_tensor_id``, ``_get_xla_sharding_spec``, ``_ensure_xla_coordinator_initialized``,
+``_xla_get_auto_sharding`` and ``_xla_set_mat_mul_precision``/``_xla_get_mat_mul_precision`` (over
+``lazyxla.config.matmul_precision``).
 
 transformers' ``id_tensor_storage`` (``save_pretrained``'s search for tied weights) and peft's equivalent ask it
 for a tensor whose ``device.type`` is ``"xla"``, because XLA tensors have no storage pointer. Every other name
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+import lazyxla
 from lazyxla import torch_private
 from lazyxla.compat._common import missing_attribute
 from lazyxla.compat.torch_xla.debug import metrics as met
@@ -85,6 +87,30 @@ def _xla_get_auto_sharding() -> bool:
         assert torch_xla._XLAC._xla_get_auto_sharding()
     """
     return met.auto_sharding()
+
+
+def _xla_set_mat_mul_precision(precision: str) -> None:
+    """Set the precision of float32 matmuls: ``lazyxla.config.matmul_precision`` ('default', 'high', 'highest').
+
+    Example::
+
+        torch_xla._XLAC._xla_set_mat_mul_precision("highest")      # torch_xla's test_pallas.py does this
+    """
+    if precision not in ("default", "high", "highest"):
+        raise ValueError(
+            f"_xla_set_mat_mul_precision: precision must be 'default', 'high' or 'highest', got {precision!r}"
+        )
+    lazyxla.config.matmul_precision = precision
+
+
+def _xla_get_mat_mul_precision() -> str:
+    """The precision of float32 matmuls (``lazyxla.config.matmul_precision``).
+
+    Example::
+
+        torch_xla._XLAC._xla_get_mat_mul_precision()                # 'highest'
+    """
+    return lazyxla.config.matmul_precision
 
 
 def __getattr__(name: str):

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 import torch
 from torch import nn
@@ -146,6 +147,15 @@ class Mesh:
             names = self.axis_names or tuple(f"axis{i}" for i in range(len(self.mesh_shape)))
             self._lazy = lazyxla.spmd.Mesh(self.device_ids.tolist(), self.mesh_shape, names)
         return self._lazy
+
+    def get_jax_mesh(self) -> jax.sharding.Mesh:
+        """This mesh as a ``jax.sharding.Mesh`` over the run's jax devices (for ``shard_map`` in a JAX function).
+
+        Example::
+
+            jax_mesh = mesh.get_jax_mesh()        # devices laid out as mesh_shape, same axis names
+        """
+        return self.lazyxla_mesh.jax_mesh
 
     def _spec(self, partition_spec: Sequence) -> tuple:
         """``partition_spec`` with axis indices replaced by the lazyxla mesh's axis names."""

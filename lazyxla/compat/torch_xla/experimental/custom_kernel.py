@@ -1,0 +1,329 @@
+"""``torch_xla.experimental.custom_kernel`` on lazyxla: Pallas kernels and attention over :func:`lazyxla.call_jax`.
+
+* ``make_kernel_from_pallas(kernel, output_shape_dtype_fn)``: a torch-callable running a JAX function that calls
+  ``pl.pallas_call`` (torch_xla's TPU custom call) as one node of the step's program. On the CPU, where Pallas only
+  interprets, the kernel runs under ``pltpu.force_tpu_interpret_mode()`` (jax's TPU interpreter: it emulates the
+  TPU's memory spaces, so kernels written for torch_xla's TPUs run unchanged); on a GPU or TPU it is compiled.
+* ``flash_attention(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab=...)``: torch_xla's semantics
+  (those of jax's TPU flash attention): ``logits = (q @ k^T + ab) * sm_scale``; a query attends to a key only where
+  the segment ids are equal and, when causal, the key's index is at most the query's; masked logits get
+  ``DEFAULT_MASK_VALUE`` added (so a row with no key left averages uniformly instead of giving NaN). It is an exact
+  XLA formulation written in JAX (float32 logits and softmax) on every platform, differentiated by ``jax.vjp``;
+  XLA partitions it from the inputs' shardings, so ``partition_spec``/``mesh`` are accepted and not needed.
+* ``gmm``, ``tgmm`` (grouped matmuls of mixture-of-experts layers) and ``GMM``: ``jax.lax.ragged_dot`` on every
+  platform (exact; differentiable).
+* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention``, ``quantized_matmul_int8``:
+  torch_xla's TPU Pallas kernels; lazyxla raises ``NotImplementedError`` naming ``make_kernel_from_pallas`` /
+  ``lazyxla.call_jax`` with jax's own kernels (``jax.experimental.pallas.ops.tpu``).
+
+``jax_import_guard()`` and ``@requires_jax`` exist and do nothing: lazyxla is built on jax, importing it is safe.
+
+Example::
+
+    from torch_xla.experimental.custom_kernel import flash_attention, make_kernel_from_pallas
+
+    o = flash_attention(q, k, v, causal=True, sm_scale=q.shape[-1] ** -0.5)     # q, k, v: (batch, heads, len, dim)
+    add = make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, x.dtype)])
+    z = add(x, y)                                                                # one node of the step's program
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax.experimental.pallas import tpu as pltpu
+
+import lazyxla
+from lazyxla.compat._common import missing_attribute, stub
+from lazyxla.compat.torch_xla._internal.jax_workarounds import jax_import_guard, requires_jax  # noqa: F401 (as torch_xla)
+from lazyxla.device import devices
+
+DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)  # torch_xla's and jax's flash attention's
+
+
+def convert_torch_dtype_to_jax(dtype: torch.dtype) -> jnp.dtype:
+    """The jax dtype of a torch dtype (float32 -> ``jnp.float32``, bfloat16 -> ``jnp.bfloat16``, ...).
+
+    Example::
+
+        convert_torch_dtype_to_jax(torch.bfloat16)       # dtype(bfloat16)
+    """
+    try:
+        return jnp.dtype(devices.np_dtype(dtype))
+    except (KeyError, TypeError):
+        raise ValueError(f"Unsupported dtype: {dtype}") from None
+
+
+def to_jax_shape_dtype_struct(tensor: torch.Tensor) -> jax.ShapeDtypeStruct:
+    """``jax.ShapeDtypeStruct`` of a tensor's shape and dtype.
+
+    Example::
+
+        to_jax_shape_dtype_struct(torch.zeros(2, 3))      # ShapeDtypeStruct(shape=(2, 3), dtype=float32)
+    """
+    return jax.ShapeDtypeStruct(tuple(tensor.shape), convert_torch_dtype_to_jax(tensor.dtype))
+
+
+# ---- make_kernel_from_pallas --------------------------------------------------------------------------------------
+
+
+def make_kernel_from_pallas(kernel: Callable, output_shape_dtype_fn: Callable) -> Callable:
+    """A function of lazyxla tensors running ``kernel`` (a JAX function calling ``pl.pallas_call``) through
+    :func:`lazyxla.call_jax`: one node of the step's program.
+
+    ``output_shape_dtype_fn(*args)`` returns a list of ``(shape, torch dtype)``, one per output, as torch_xla
+    requires; lazyxla checks the kernel's outputs against it. The returned function takes the kernel's
+    arguments (tensors, and hashable static values; ``static_argnums``/``static_argnames`` are accepted and not
+    needed: every non-tensor is static) and returns one tensor, or a tuple for several outputs. Off a GPU or TPU the
+    kernel runs in Pallas's TPU interpret mode. Pallas kernels have no reverse-mode rule: give ``kernel`` a
+    ``jax.custom_vjp`` to differentiate through it.
+
+    Example::
+
+        def add_vectors_kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+
+        def add_vectors(x, y):
+            return pl.pallas_call(add_vectors_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+        add = make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, x.dtype)])
+        z = add(x, y)
+    """
+    runnable = _runnable(kernel)
+
+    @functools.wraps(kernel)
+    def wrapped_kernel(*args, static_argnums=None, static_argnames=None, **kwargs):
+        expected = output_shape_dtype_fn(*args)
+        if not isinstance(expected, list):
+            raise TypeError("make_kernel_from_pallas: output_shape_dtype_fn should return a list of (shape, dtype)")
+        out = lazyxla.call_jax(runnable, *args, **kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        want = [(tuple(s), d) for s, d in expected]
+        if got != want:
+            raise ValueError(
+                f"make_kernel_from_pallas({getattr(kernel, '__name__', kernel)}): the kernel returned {got} but "
+                f"output_shape_dtype_fn says {want}; make them agree"
+            )
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return wrapped_kernel
+
+
+@functools.cache
+def _runnable(kernel: Callable) -> Callable:
+    """``kernel`` as it runs on this platform: compiled on a GPU or TPU, in Pallas's TPU interpreter elsewhere
+    (Pallas compiles nothing for the CPU). One object per kernel, so call_jax's plans and programs are reused."""
+    if devices.platform() in ("gpu", "tpu", "cuda", "rocm"):
+        return kernel
+
+    @functools.wraps(kernel)
+    def interpreted(*args, **kwargs):
+        with pltpu.force_tpu_interpret_mode():
+            return kernel(*args, **kwargs)
+
+    return interpreted
+
+
+# ---- flash attention -----------------------------------------------------------------------------------------------
+
+
+def flash_attention(
+    q: torch.Tensor,  # [batch..., heads, q_len, dim]
+    k: torch.Tensor,  # [batch..., heads, kv_len, dim]
+    v: torch.Tensor,  # [batch..., heads, kv_len, dim]
+    causal: bool = False,
+    q_segment_ids: torch.Tensor | None = None,  # [batch..., q_len]
+    kv_segment_ids: torch.Tensor | None = None,  # [batch..., kv_len]
+    sm_scale: float = 1.0,
+    *,
+    ab: torch.Tensor | None = None,  # [batch..., heads, q_len, kv_len], added to q @ k^T before sm_scale
+    partition_spec=None,
+    mesh=None,
+) -> torch.Tensor:
+    """torch_xla's flash attention: ``softmax(mask((q @ k^T + ab) * sm_scale)) @ v``, differentiable in q, k, v, ab.
+
+    Masks (torch_xla's): ``causal`` keeps key ``j <= i`` for query ``i`` (top-left aligned, as
+    ``F.scaled_dot_product_attention(is_causal=True)``); segment ids keep keys whose id equals the query's. A masked
+    logit gets ``DEFAULT_MASK_VALUE`` added. Computed exactly in float32 (XLA), one ``call_jax`` node; its backward
+    is ``jax.vjp``'s, another node. ``partition_spec``/``mesh`` are accepted: XLA partitions the computation from the
+    inputs' shardings (mark q, k, v with ``xs.mark_sharding``).
+
+    Example::
+
+        o = flash_attention(q, k, v, causal=True)
+        o = flash_attention(q, k, v, False, seg, seg, sm_scale=0.125, ab=bias)
+    """
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("flash_attention: give both q_segment_ids and kv_segment_ids, or neither")
+    if q.dim() < 3 or k.shape[:-2] != q.shape[:-2] or v.shape[:-1] != k.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"flash_attention: q, k, v must be [batch..., heads, len, dim] with matching batch, heads and dim "
+            f"(k and v of one length); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    return lazyxla.call_jax(
+        _attention, q, k, v, ab, q_segment_ids, kv_segment_ids, causal=bool(causal), sm_scale=float(sm_scale)
+    )
+
+
+def _attention(q, k, v, ab, q_segment_ids, kv_segment_ids, *, causal: bool, sm_scale: float):
+    """jax's ``mha_reference`` of its TPU flash attention, over any leading batch dimensions, in float32."""
+    f32 = jnp.float32
+    s = jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=f32)
+    if ab is not None:
+        s = s + ab.astype(f32)
+    if sm_scale != 1.0:
+        s = s * sm_scale
+    mask = None
+    if q_segment_ids is not None:
+        mask = q_segment_ids[..., None, :, None] == kv_segment_ids[..., None, None, :]
+    if causal:
+        shape = (q.shape[-2], k.shape[-2])
+        keep = jax.lax.broadcasted_iota(jnp.int32, shape, 1) <= jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+        mask = keep if mask is None else jnp.logical_and(mask, keep)
+    if mask is not None:
+        s = s + jnp.where(mask, f32(0.0), f32(DEFAULT_MASK_VALUE))
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("...qk,...kd->...qd", p, v.astype(f32), preferred_element_type=f32).astype(q.dtype)
+
+
+class FlashAttention:
+    """torch_xla's ``FlashAttention`` autograd function, by name: ``apply`` is :func:`flash_attention`'s positional
+    form (lazyxla's autograd is ``jax.vjp``'s); the class constants are torch_xla's.
+
+    Example::
+
+        o = FlashAttention.apply(q, k, v, True, None, None, 1.0, None, None, None)
+    """
+
+    MIN_BLOCK_SIZE = 128
+    DEFAULT_MASK_VALUE = DEFAULT_MASK_VALUE
+    NUM_LANES = 128
+    NUM_SUBLANES = 8
+
+    @staticmethod
+    def apply(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab, partition_spec, mesh):
+        return flash_attention(
+            q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab=ab, partition_spec=partition_spec, mesh=mesh
+        )
+
+
+# ---- grouped matmul ------------------------------------------------------------------------------------------------
+
+
+def gmm(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    tiling: tuple[int, int, int] | None = None,
+    group_offset: torch.Tensor | None = None,
+    transpose_rhs: bool = False,
+) -> torch.Tensor:
+    """``lhs[sizes[i-1]:sizes[i], :] @ rhs[i]`` for each group ``i``: lhs ``[m, k]``, rhs ``[groups, k, n]``
+    (``[groups, n, k]`` with ``transpose_rhs``), group_sizes int32 ``[groups]``; rows past the groups' total are 0.
+    ``jax.lax.ragged_dot`` (``tiling`` is the TPU kernel's and not needed). Differentiable.
+
+    Example::
+
+        out = gmm(tokens, expert_weights, torch.tensor([3, 0, 5], dtype=torch.int32).to(dev))
+    """
+    if group_offset is not None:
+        raise NotImplementedError(
+            "torch_xla.experimental.custom_kernel.gmm: group_offset (a shard of the groups) is not supported on "
+            "lazyxla; pass the full rhs and group_sizes (XLA partitions the ragged_dot from their shardings)"
+        )
+    return lazyxla.call_jax(_gmm, lhs, rhs, group_sizes, transpose_rhs=bool(transpose_rhs))
+
+
+def _gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool):
+    if transpose_rhs:
+        rhs = jnp.swapaxes(rhs, 1, 2)
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), preferred_element_type=lhs.dtype)
+
+
+def tgmm(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    tiling: tuple[int, int, int] = (512, 512, 512),
+    group_offset: torch.Tensor | None = None,
+    num_actual_groups: int | None = None,
+) -> torch.Tensor:
+    """``lhs[:, sizes[i-1]:sizes[i]] @ rhs[sizes[i-1]:sizes[i], :]`` for each group ``i``: lhs ``[k, m]``, rhs
+    ``[m, n]``, out ``[groups, k, n]`` (the weight gradient of :func:`gmm`). Exact XLA (a ragged contraction).
+
+    Example::
+
+        grad_w = tgmm(tokens.t(), grad_out, group_sizes)
+    """
+    if group_offset is not None or num_actual_groups is not None:
+        raise NotImplementedError(
+            "torch_xla.experimental.custom_kernel.tgmm: group_offset/num_actual_groups are not supported on lazyxla; "
+            "pass the full group_sizes"
+        )
+    return lazyxla.call_jax(_tgmm, lhs, rhs, group_sizes)
+
+
+def _tgmm(lhs, rhs, group_sizes):
+    groups = group_sizes.shape[0]
+    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    rows = jnp.arange(lhs.shape[1], dtype=jnp.int32)
+    group_of_row = jnp.searchsorted(ends, rows, side="right")  # = groups past the last group: in no group
+    onehot = (group_of_row[None, :] == jnp.arange(groups, dtype=jnp.int32)[:, None]).astype(lhs.dtype)
+    return jnp.einsum("km,gm,mn->gkn", lhs, onehot, rhs, preferred_element_type=lhs.dtype)
+
+
+def gmm_backward(grad, lhs, rhs, group_sizes, tiling=(512, 512, 512)):
+    """The gradients of :func:`gmm` (lhs ``[m, k]``, rhs ``[groups, k, n]``): ``(grad_lhs, grad_rhs)``.
+
+    Example::
+
+        grad_lhs, grad_rhs = gmm_backward(grad_out, lhs, rhs, group_sizes)
+    """
+    return gmm(grad, rhs.transpose(-1, -2), group_sizes, tiling), tgmm(lhs.t(), grad, group_sizes, tiling)
+
+
+class GMM(torch.autograd.Function):
+    """torch_xla's ``GMM``: :func:`gmm` with :func:`gmm_backward` as its backward.
+
+    Example::
+
+        out = GMM.apply(lhs, rhs, group_sizes)
+    """
+
+    @staticmethod
+    def forward(ctx, lhs, rhs, group_sizes, tiling=(512, 512, 512)):
+        ctx.save_for_backward(lhs, rhs, group_sizes)
+        ctx.tiling = tiling
+        return gmm(lhs, rhs, group_sizes, tiling)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        lhs, rhs, group_sizes = ctx.saved_tensors
+        grad_lhs, grad_rhs = gmm_backward(grad_output, lhs, rhs, group_sizes, ctx.tiling)
+        return grad_lhs, grad_rhs, None, None
+
+
+# ---- TPU kernels lazyxla does not provide --------------------------------------------------------------------------
+
+_KERNEL_HINT = (
+    "jax's own kernel (jax.experimental.pallas.ops.tpu...) through make_kernel_from_pallas or lazyxla.call_jax "
+    "(on a TPU), or the attention written in PyTorch"
+)
+paged_attention = stub("torch_xla.experimental.custom_kernel.paged_attention", _KERNEL_HINT)
+multi_queries_paged_attention = stub("torch_xla.experimental.custom_kernel.multi_queries_paged_attention", _KERNEL_HINT)
+ragged_paged_attention = stub("torch_xla.experimental.custom_kernel.ragged_paged_attention", _KERNEL_HINT)
+quantized_matmul_int8 = stub("torch_xla.experimental.custom_kernel.quantized_matmul_int8", _KERNEL_HINT)
+trace_pallas = stub(
+    "torch_xla.experimental.custom_kernel.trace_pallas (the TPU custom call's payload)",
+    "make_kernel_from_pallas or lazyxla.call_jax, which run the JAX function itself",
+)
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_attribute(__name__, name)

@@ -1,0 +1,258 @@
+"""``torch_xla.experimental.custom_kernel`` and ``torch_xla.core.xla_builder.call_jax`` on lazyxla: flash attention
+(causal, segment ids, sm_scale, ab) and its gradients against ``F.scaled_dot_product_attention`` / the explicit
+masked softmax on the CPU, one program per training step, a Pallas kernel through ``make_kernel_from_pallas`` (TPU
+interpret mode), grouped matmuls against a per-group loop, and ``xb.call_jax`` against ``lazyxla.call_jax``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+import torch.nn.functional as F
+from jax.experimental import pallas as pl
+from torch import nn
+
+import lazyxla
+import lazyxla.compat as compat
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture
+def tx():
+    """``(custom_kernel, xla_builder)`` with the compatibility layer installed (removed again afterwards)."""
+    assert compat.install()
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.experimental.custom_kernel as ck
+
+    yield ck, xb
+    compat.uninstall()
+
+
+def _qkv(b=2, h=3, lq=16, lk=16, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g) for n in (lq, lk, lk)]
+
+
+def _segment_reference(q, k, v, qs, ks, sm_scale, ab):
+    """torch_xla's test reference: masked_fill where the segment ids differ, then softmax."""
+    s = q @ k.transpose(-2, -1)
+    if ab is not None:
+        s = s + ab
+    s = s * sm_scale
+    s = s.masked_fill(qs[:, None, :, None] != ks[:, None, None, :], torch.finfo(s.dtype).min)
+    return torch.softmax(s, -1) @ v
+
+
+def _both(fn_dev, fn_cpu, tensors, dev):
+    """Values and gradients (of a fixed random projection of the output) on lazyxla and on the CPU."""
+    outs = []
+    for fn, where in ((fn_dev, dev), (fn_cpu, "cpu")):
+        ts = [t.detach().clone().to(where).requires_grad_(t.is_floating_point()) for t in tensors]
+        leaves = [t for t in ts if t.requires_grad]
+        for t in leaves:
+            t.retain_grad()
+        o = fn(*ts)
+        w = torch.linspace(-1, 1, o.numel()).reshape(o.shape).to(where)
+        (o * w).sum().backward()
+        outs.append([o.detach().cpu()] + [t.grad.cpu() for t in leaves])
+    return outs
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "sm_scale", "ab", "causal_ab_scale", "cross_lengths_causal", "5d"])
+def test_flash_attention_and_its_gradients_equal_sdpa(tx, dev, case):
+    ck, _ = tx
+    causal = "causal" in case
+    scale = 0.3 if "scale" in case else 1.0
+    lq, lk = (8, 24) if "cross" in case else (16, 16)
+    q, k, v = _qkv(lq=lq, lk=lk)
+    if case == "5d":
+        q, k, v = (t.reshape(1, 2, 3, t.shape[-2], 8) for t in (q, k, v))
+    ab = torch.randn(*q.shape[:-1], lk) if "ab" in case else None
+    tensors = [q, k, v] + ([ab] if ab is not None else [])
+
+    def ours(q, k, v, ab=None):
+        return ck.flash_attention(q, k, v, causal, sm_scale=scale, ab=ab)
+
+    def sdpa(q, k, v, ab=None):  # (qk + ab) * scale = qk * scale + ab * scale
+        mask = None if ab is None else ab * scale
+        if causal and mask is not None:  # SDPA takes one or the other: fold the causal mask into the bias
+            keep = torch.ones(lq, lk, dtype=torch.bool).tril()
+            mask, causal_flag = mask.masked_fill(~keep, float("-inf")), False
+        else:
+            causal_flag = causal
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal_flag, scale=scale)
+
+    got, want = _both(ours, sdpa, tensors, dev)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("with_ab", [False, True])
+def test_flash_attention_segment_ids_mask_as_torch_xla_defines_them(tx, dev, with_ab):
+    ck, _ = tx
+    q, k, v = _qkv(lq=12, lk=12)
+    seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 3 + [1] * 4 + [2] * 5], dtype=torch.int32)
+    ab = torch.randn(2, 3, 12, 12) if with_ab else None
+    tensors = [q, k, v, seg] + ([ab] if with_ab else [])
+
+    def ours(q, k, v, seg, ab=None):
+        return ck.flash_attention(q, k, v, False, seg, seg, 0.5, ab=ab)
+
+    def ref(q, k, v, seg, ab=None):
+        return _segment_reference(q, k, v, seg, seg, 0.5, ab)
+
+    got, want = _both(ours, ref, tensors, dev)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_flash_attention_segment_ids_with_causal_equal_the_combined_mask(tx, dev):
+    ck, _ = tx
+    q, k, v = _qkv(b=1, lq=10, lk=10)
+    seg = torch.tensor([[0] * 4 + [1] * 6], dtype=torch.int32)
+    allowed = (seg[:, :, None] == seg[:, None, :]) & torch.ones(10, 10, dtype=torch.bool).tril()
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=1.0)
+    got = ck.flash_attention(q.to(dev), k.to(dev), v.to(dev), True, seg.to(dev), seg.to(dev))
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+
+
+class _Attn(nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.qkv, self.out, self.attention = nn.Linear(16, 48), nn.Linear(16, 16), attention
+
+    def forward(self, x):  # x: (batch, len, 16); 2 heads of 8
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return self.out(self.attention(q, k, v).transpose(1, 2).reshape(b, n, 16))
+
+
+def test_a_training_loop_with_flash_attention_is_one_program_per_step(tx, dev):
+    ck, _ = tx
+    torch.manual_seed(0)
+    ref = _Attn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=8**-0.5))
+    model = _Attn(lambda q, k, v: ck.flash_attention(q, k, v, causal=True, sm_scale=8**-0.5))
+    model.load_state_dict(ref.state_dict())
+    model.to(dev)
+    x, y = torch.randn(4, 12, 16), torch.randn(4, 12, 16)
+    results = {}
+    for name, m, where in (("cpu", ref, "cpu"), ("lazyxla", model, dev)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        losses, counts = [], []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = F.mse_loss(m(x.to(where)), y.to(where))
+            loss.backward()
+            opt.step()
+            lazyxla.sync()
+            losses.append(loss.item())
+            c = lazyxla.metrics.counters()
+            counts.append((c.get("compiles", 0), c.get("executions", 0), c.get("syncs", 0)))
+        results[name] = (losses, [p.detach().cpu() for p in m.parameters()], counts)
+    torch.testing.assert_close(torch.tensor(results["lazyxla"][0]), torch.tensor(results["cpu"][0]), **TOL)
+    for a, b in zip(results["lazyxla"][1], results["cpu"][1]):
+        torch.testing.assert_close(a, b, **TOL)
+    counts = results["lazyxla"][2]
+    steps = [tuple(b[i] - a[i] for i in range(3)) for a, b in zip(counts, counts[1:])]
+    # after step 2 (momentum buffers appear) nothing compiles; each step syncs once and runs one program
+    assert steps[1:] == [(0, 1, 1)] * 2, counts
+    assert steps[0][1:] == (1, 1), counts
+
+
+def _add_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def add_vectors(x, y):
+    return pl.pallas_call(_add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+
+def _two_outputs_kernel(x_ref, o1_ref, o2_ref):
+    o1_ref[...] = x_ref[...] * 2
+    o2_ref[...] = x_ref[...] + 1
+
+
+def two_outputs(x):
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return pl.pallas_call(_two_outputs_kernel, out_shape=(shape, shape))(x)
+
+
+def test_make_kernel_from_pallas_runs_the_kernel_interpreted_equal_to_torch(tx, dev):
+    ck, _ = tx
+    add = ck.make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, x.dtype)])
+    x, y = torch.arange(8, dtype=torch.int32), torch.arange(8, dtype=torch.int32) * 3
+    z = add(x.to(dev), y.to(dev))
+    torch.testing.assert_close(z.cpu(), x + y)
+    a = torch.randn(16, 128)
+    torch.testing.assert_close(add(a.to(dev), a.to(dev)).cpu(), a + a)
+    both = ck.make_kernel_from_pallas(two_outputs, lambda x: [(x.shape, x.dtype)] * 2)
+    o1, o2 = both(a.to(dev))
+    torch.testing.assert_close(o1.cpu(), a * 2)
+    torch.testing.assert_close(o2.cpu(), a + 1)
+    lazyxla.metrics.reset()
+    for _ in range(2):  # again: the plan and the program are reused
+        add(a.to(dev), a.to(dev)).cpu()
+    assert lazyxla.metrics.counters().get("compiles", 0) == 0
+    wrong = ck.make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, torch.float64)])
+    with pytest.raises(ValueError, match="output_shape_dtype_fn says"):
+        wrong(a.to(dev), a.to(dev))
+
+
+def _gmm_reference(lhs, rhs, sizes):
+    out, start = torch.zeros(lhs.shape[0], rhs.shape[2]), 0
+    for g, n in enumerate(sizes.tolist()):
+        out[start : start + n] = lhs[start : start + n] @ rhs[g]
+        start += n
+    return out
+
+
+def test_gmm_tgmm_and_GMM_equal_a_loop_over_groups(tx, dev):
+    ck, _ = tx
+    torch.manual_seed(0)
+    lhs, rhs = torch.randn(10, 6), torch.randn(3, 6, 5)
+    sizes = torch.tensor([4, 0, 5], dtype=torch.int32)  # rows 9.. belong to no group: zeros
+    want = _gmm_reference(lhs, rhs, sizes)
+    torch.testing.assert_close(ck.gmm(lhs.to(dev), rhs.to(dev), sizes.to(dev)).cpu(), want, **TOL)
+    got_t = ck.gmm(lhs.to(dev), rhs.transpose(1, 2).contiguous().to(dev), sizes.to(dev), transpose_rhs=True)
+    torch.testing.assert_close(got_t.cpu(), want, **TOL)
+    grad = torch.randn(10, 5)
+    want_t = torch.stack([lhs[s : s + n].t() @ grad[s : s + n] for s, n in ((0, 4), (4, 0), (4, 5))])
+    torch.testing.assert_close(ck.tgmm(lhs.t().to(dev), grad.to(dev), sizes.to(dev)).cpu(), want_t, **TOL)
+    a, b = lhs.to(dev).requires_grad_(), rhs.to(dev).requires_grad_()
+    (ck.GMM.apply(a, b, sizes.to(dev)) * grad.to(dev)).sum().backward()
+    a0, b0 = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
+    (_gmm_reference(a0, b0, sizes) * grad).sum().backward()
+    torch.testing.assert_close(a.grad.cpu(), a0.grad, **TOL)
+    torch.testing.assert_close(b.grad.cpu(), b0.grad, **TOL)
+
+
+def test_xla_builder_call_jax_equals_lazyxla_call_jax(tx, dev):
+    _, xb = tx
+    a, b = torch.randn(3, 3).to(dev), torch.randn(3, 3).to(dev)
+
+    def f(a, b, *, scale):
+        return {"s": a + jnp.sin(b) * scale, "p": a @ b}
+
+    got = xb.call_jax(f, (a, b), {"scale": 2.0}, "my_name")
+    want = lazyxla.call_jax(f, a, b, scale=2.0)
+    for key in ("s", "p"):
+        torch.testing.assert_close(got[key].cpu(), want[key].cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(got["s"].cpu(), a.cpu() + torch.sin(b.cpu()) * 2, **TOL)
+    one = xb.call_jax(jnp.tanh, a)  # a lone argument, not in a tuple
+    torch.testing.assert_close(one.cpu(), torch.tanh(a.cpu()), **TOL)
+    xb._JAX_TO_XLA_COMPUTATION_CACHE.clear()  # torch_xla's tests clear it
+    with pytest.raises(NotImplementedError, match="call_jax"):
+        xb.create_computation("c", None, [])
+
+
+def test_tpu_only_kernels_raise_naming_what_to_use(tx, dev):
+    ck, _ = tx
+    for name in ("paged_attention", "ragged_paged_attention", "multi_queries_paged_attention", "quantized_matmul_int8"):
+        with pytest.raises(NotImplementedError, match="make_kernel_from_pallas"):
+            getattr(ck, name)(torch.zeros(1).to(dev))
+    with pytest.raises(ValueError, match="both q_segment_ids and kv_segment_ids"):
+        ck.flash_attention(*[t.to(dev) for t in _qkv()], q_segment_ids=torch.zeros(2, 16).to(dev))
+    ck.jax_import_guard()
+    assert ck.convert_torch_dtype_to_jax(torch.bfloat16) == jnp.bfloat16
