@@ -32,8 +32,7 @@ from pathlib import Path
 import torch
 
 import lazyxla
-from lazyxla.tools import census_zoo
-from lazyxla.util import atomic_write
+from lazyxla.tools import census_zoo, torch_xla_api
 
 RTOL, ATOL, NOISE = 1e-4, 1e-5, 10  # the rule of tests/clients/agreement.py
 BEGIN, END = "<!-- fallback-census:begin -->", "<!-- fallback-census:end -->"
@@ -173,13 +172,8 @@ def markdown(rows: list[Row]) -> str:
 
 
 def write_section(path: Path, table: str) -> None:
-    """Replace the text between the census markers of ``path`` with ``table``."""
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path} has no census markers: add the lines {BEGIN} and {END} where the table goes")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write(path, f"{head}{BEGIN}\n{table}{END}{tail}".encode())
+    """Replace the text between the census markers of ``path`` with ``table`` (atomically)."""
+    torch_xla_api.write_section(path, BEGIN, END, table.rstrip("\n"))
 
 
 def main(argv: list[str] | None = None) -> int:
