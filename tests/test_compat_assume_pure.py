@@ -4,10 +4,12 @@ the trace count, ``rng_seed``, ``PureModule`` and ``XLAShardedTensor`` outputs."
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,29 @@ def test_a_transformer_block_traced_once_equals_eager_values_and_gradients(ap, d
         compiles.append(lazyxla.metrics.counters()["compiles"])
     assert len(traces) == 1  # steps 2 and 3 record no op of the block
     assert compiles[1] == compiles[2], compiles  # and compile nothing
+
+
+def test_a_dropped_pure_module_and_function_are_freed_with_their_traces(ap, dev):
+    # the trace cache is keyed by the function: it must not keep a PureModule's module (and its device
+    # parameters) or a decorated function alive once the user drops them
+    def run():
+        inner = nn.Linear(4, 4)
+        pure = ap.PureModule(inner).to(dev)
+        pure(torch.randn(2, 4, device=dev)).sum().backward()
+
+        def double(a):
+            return a * 2
+
+        ap.assume_pure(double)(torch.ones(3, device=dev))
+        lazyxla.sync()
+        assert len(ap._XLA_COMPUTATION_CACHE) == before + 2
+        return weakref.ref(inner), weakref.ref(double)
+
+    before = len(ap._XLA_COMPUTATION_CACHE)
+    refs = run()
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert len(ap._XLA_COMPUTATION_CACHE) == before
 
 
 def test_static_arguments_kwargs_and_partial_gradients(ap, dev):

@@ -87,6 +87,18 @@ def test_pending_nodes_counts_the_pending_graph(dev):
     assert growth.pending_nodes() == 0
 
 
+def test_a_transpose_of_computed_data_is_not_pending_work(dev):
+    # a sync leaves such a view pending (lazy/rebase.py): it is no work the graph holds, so it must not count
+    w = torch.randn(4, 3, device=dev)
+    lazyxla.sync()
+    views = (w.t(), w.reshape(12), w.unsqueeze(0))
+    lazyxla.sync()
+    assert growth.pending_nodes() == 0
+    y = views[0] * 2
+    assert growth.pending_nodes() == 2  # y's multiply and the transpose it reads
+    del y, views
+
+
 def test_work_recorded_and_dropped_does_not_warn(dev):
     # as many ops as a loop that never syncs, but no graph keeps growing: nothing to warn about
     w = torch.ones(16, device=dev)

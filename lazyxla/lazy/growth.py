@@ -27,18 +27,20 @@ from lazyxla.config import config
 from lazyxla.ir import Leaf
 from lazyxla.lazy.session import session
 from lazyxla.lazy.tensor import live_tensors
+from lazyxla.lazy.views import reorders_data
 from lazyxla.observe import diagnostics, metrics
 from lazyxla.observe.metrics import _counters
 
 
 def pending_nodes() -> int:
-    """The nodes of the pending graph: every op node a live tensor's value still needs computed.
+    """The nodes of the pending graph: every op node a live tensor's value still needs computed (a transpose or
+    reshape of computed data is not: a sync leaves it pending, ``views.reorders_data``).
 
     Example::
 
         pending_nodes()       # 0 right after lazyxla.sync()
     """
-    stack = [t._value[0] for t in live_tensors() if t._value[0].op.__class__ is not Leaf]
+    stack = [n for n in (t._value[0] for t in live_tensors()) if n.op.__class__ is not Leaf and not reorders_data(n)]
     seen = set()
     while stack:
         n = stack.pop()

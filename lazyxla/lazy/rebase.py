@@ -22,8 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from lazyxla.ir import Leaf
@@ -32,17 +30,6 @@ from lazyxla.lazy.meta import record
 from lazyxla.lazy.tensor import LazyTensor, retarget
 
 aten = torch.ops.aten
-
-
-def _invertible(n) -> bool:
-    """Whether node ``n`` holds every element of its input once (``views.invertible``: a transpose, a permutation,
-    or a reshape of as many elements)."""
-    if not views.invertible(n.op):
-        return False
-    if views.is_reshape(n.op):
-        (m, i) = n.inputs[0]
-        return math.prod(m.avals[i].shape) == math.prod(n.avals[0].shape)
-    return True
 
 
 def split(pending: list[LazyTensor]) -> tuple[list[LazyTensor], list[tuple], set[int]]:
@@ -61,10 +48,10 @@ def split(pending: list[LazyTensor]) -> tuple[list[LazyTensor], list[tuple], set
     candidates, stay, reads = {}, set(), set()
     for t in pending:
         n, _ = t._value
-        if len(n.inputs) != 1 or not _invertible(n):
+        if not views.invertible_node(n):
             continue
         m, i = n.inputs[0]
-        if m.op is Leaf.DATA:
+        if m.op is Leaf.DATA:  # views.reorders_data(n)
             stay.add(id(t))
             reads.add(id(m))
         elif (id(m), i) in holders:

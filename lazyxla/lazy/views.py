@@ -23,8 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from lazyxla.ir import Leaf
 from lazyxla.ops import ops
 
 aten = torch.ops.aten
@@ -107,6 +110,29 @@ def invertible(op) -> bool:
     Example: ``invertible(aten.permute_copy.default)`` is True; ``invertible(aten.slice_copy.Tensor)`` is False.
     """
     return id(op) in _INVERTIBLE
+
+
+def invertible_node(n) -> bool:
+    """Whether node ``n`` holds every element of its input once (:func:`invertible`, and a reshape to as many
+    elements): its input is the inverse view of its result.
+
+    Example: ``invertible_node(unwrap(w.t())._value[0])`` is True; for ``w[:2]`` it is False.
+    """
+    if len(n.inputs) != 1 or not invertible(n.op):
+        return False
+    if is_reshape(n.op):
+        (m, i) = n.inputs[0]
+        return math.prod(m.avals[i].shape) == math.prod(n.avals[0].shape)
+    return True
+
+
+def reorders_data(n) -> bool:
+    """Whether node ``n`` is an invertible view of device data (a transpose or reshape of a computed tensor): a
+    full sync leaves it pending (``lazy/rebase.py``), so it is no work the pending graph holds.
+
+    Example: ``reorders_data(unwrap(computed.t())._value[0])`` is True.
+    """
+    return invertible_node(n) and n.inputs[0][0].op is Leaf.DATA
 
 
 def holds_no_work(op) -> bool:

@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -41,7 +42,38 @@ from lazyxla.compat.torch_xla.core import xla_model as xm
 from lazyxla.compat.torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 from lazyxla.torch_private import tree_flatten, tree_map, tree_unflatten
 
-_BODIES: dict = {}  # (fn, pytree spec, static leaves, tensor positions) -> the loop body (one object: scan's key)
+
+class _Bodies:
+    """fn -> {(pytree spec, static leaves, tensor positions): the loop body} (one body object per signature: scan's
+    key for the kept trace). Weakly keyed by ``fn``, and a body holds ``fn`` weakly: a dropped function's traces
+    (and a ``PureModule``'s module, held by its ``fn``) are freed with it. A callable that takes no weak reference
+    is kept for the process's lifetime.
+
+    Example::
+
+        _BODIES.of(fn)                 # that function's bodies by signature
+        _XLA_COMPUTATION_CACHE.clear() # torch_xla's tests do this: the next call traces again
+    """
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._strong: dict = {}
+
+    def of(self, fn: Callable) -> dict:
+        try:
+            return self._weak.setdefault(fn, {})
+        except TypeError:  # no weak reference to it (a builtin, a __slots__ callable)
+            return self._strong.setdefault(fn, {})
+
+    def clear(self) -> None:
+        self._weak.clear()
+        self._strong.clear()
+
+    def __len__(self) -> int:
+        return sum(len(bodies) for table in (self._weak, self._strong) for bodies in table.values())
+
+
+_BODIES = _Bodies()
 _XLA_COMPUTATION_CACHE = _BODIES  # torch_xla's name for its cache (its tests clear it: the next call traces again)
 
 
@@ -84,23 +116,30 @@ def _call(fn: Callable, args: tuple, kwargs: dict):
     if not positions:  # nothing to trace over: a function of Python values
         return fn(*args, **kwargs)
     statics = tuple(None if i in positions else x for i, x in enumerate(flat))
+    bodies = _BODIES.of(fn)
     try:
-        key = (fn, spec, statics, positions)
-        body = _BODIES.get(key)
+        key = (spec, statics, positions)
+        body = bodies.get(key)
     except TypeError:
         raise TypeError(
             "assume_pure: a non-tensor argument is not hashable; each value keys its own trace, so pass arrays as "
             "tensors and other values as hashable ones (a tuple instead of a list)"
         ) from None
     if body is None:
-        body = _BODIES.setdefault(key, _body(fn, spec, statics, positions))
+        body = bodies.setdefault(key, _body(fn, spec, statics, positions))
     xs = [flat[i].unsqueeze(0) for i in positions]
     _, ys = lazyxla.scan(body, None, xs, pure=True)  # one iteration: the trace, kept (pure=True) and reused
     return tree_map(lambda y: y[0] if isinstance(y, torch.Tensor) else y, ys)
 
 
 def _body(fn: Callable, spec, statics: tuple, positions: tuple) -> Callable:
+    try:
+        held = weakref.ref(fn)  # the body lives in _BODIES under fn: a strong reference would keep fn forever
+    except TypeError:
+        held = lambda: fn  # noqa: E731 (kept for the process's lifetime anyway: _Bodies._strong)
+
     def body(carry, xs):
+        fn = held()  # alive: the caller holds it
         leaves = list(statics)
         for i, t in zip(positions, xs):
             leaves[i] = t
