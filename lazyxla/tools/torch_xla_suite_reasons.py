@@ -110,6 +110,11 @@ REASONS: tuple[tuple[str, str], ...] = (
         "needs FSDP / ZeRO-1 / gradient checkpointing (issue 17 point 2)",
     ),
     (
+        r"torchax/amp\.py[\s\S]*dim_Dimname",
+        "its __main__ imports torchax, and torchax (0.0.13, the newest on PyPI) does not import beside torch 2.13 "
+        "(its amp table names aten.prod.dim_Dimname, which torch 2.13 removed)",
+    ),
+    (
         r"No module named '(requests|datasets|transformers|tensorflow|torchax)'",
         "needs a package the suite's environment lacks",
     ),
