@@ -161,9 +161,10 @@ def flash_attention(
 
     Masks (torch_xla's): ``causal`` keeps key ``j <= i`` for query ``i`` (top-left aligned, as
     ``F.scaled_dot_product_attention(is_causal=True)``); segment ids keep keys whose id equals the query's. A masked
-    logit gets ``DEFAULT_MASK_VALUE`` added. Computed exactly in float32 (XLA), one ``call_jax`` node; its backward
-    is ``jax.vjp``'s, another node. ``partition_spec``/``mesh`` are accepted: XLA partitions the computation from the
-    inputs' shardings (mark q, k, v with ``xs.mark_sharding``).
+    logit gets ``DEFAULT_MASK_VALUE`` added. One ``call_jax`` node, its backward another: on a TPU (SPMD off, float32
+    or bfloat16, lengths multiples of 128) jax's Pallas TPU flash attention and its backward kernels; otherwise
+    computed exactly in float32 (XLA), the backward ``jax.vjp``'s. ``partition_spec``/``mesh`` are accepted: XLA
+    partitions the computation from the inputs' shardings (mark q, k, v with ``xs.mark_sharding``).
 
     Example::
 
