@@ -45,19 +45,21 @@ def _segment_reference(q, k, v, qs, ks, sm_scale, ab):
     return torch.softmax(s, -1) @ v
 
 
+def _run(fn, tensors, where):
+    """The value and the gradients (of a fixed projection of the output) of ``fn`` on copies of ``tensors``."""
+    ts = [t.detach().clone().to(where).requires_grad_(t.is_floating_point()) for t in tensors]
+    leaves = [t for t in ts if t.requires_grad]
+    for t in leaves:
+        t.retain_grad()
+    o = fn(*ts)
+    w = torch.linspace(-1, 1, o.numel()).reshape(o.shape).to(where)
+    (o * w).sum().backward()
+    return [o.detach().cpu()] + [t.grad.cpu() for t in leaves]
+
+
 def _both(fn_dev, fn_cpu, tensors, dev):
-    """Values and gradients (of a fixed random projection of the output) on lazyxla and on the CPU."""
-    outs = []
-    for fn, where in ((fn_dev, dev), (fn_cpu, "cpu")):
-        ts = [t.detach().clone().to(where).requires_grad_(t.is_floating_point()) for t in tensors]
-        leaves = [t for t in ts if t.requires_grad]
-        for t in leaves:
-            t.retain_grad()
-        o = fn(*ts)
-        w = torch.linspace(-1, 1, o.numel()).reshape(o.shape).to(where)
-        (o * w).sum().backward()
-        outs.append([o.detach().cpu()] + [t.grad.cpu() for t in leaves])
-    return outs
+    """Values and gradients (of a fixed projection of the output) on lazyxla and on the CPU."""
+    return [_run(fn_dev, tensors, dev), _run(fn_cpu, tensors, "cpu")]
 
 
 @pytest.mark.parametrize("case", ["plain", "causal", "sm_scale", "ab", "causal_ab_scale", "cross_lengths_causal", "5d"])
@@ -249,10 +251,68 @@ def test_xla_builder_call_jax_equals_lazyxla_call_jax(tx, dev):
 
 def test_tpu_only_kernels_raise_naming_what_to_use(tx, dev):
     ck, _ = tx
-    for name in ("paged_attention", "ragged_paged_attention", "multi_queries_paged_attention", "quantized_matmul_int8"):
+    for name in ("paged_attention", "ragged_paged_attention", "multi_queries_paged_attention"):
         with pytest.raises(NotImplementedError, match="make_kernel_from_pallas"):
             getattr(ck, name)(torch.zeros(1).to(dev))
     with pytest.raises(ValueError, match="both q_segment_ids and kv_segment_ids"):
         ck.flash_attention(*[t.to(dev) for t in _qkv()], q_segment_ids=torch.zeros(2, 16).to(dev))
     ck.jax_import_guard()
     assert ck.convert_torch_dtype_to_jax(torch.bfloat16) == jnp.bfloat16
+
+
+# ---- flash attention through jax's Pallas TPU kernel (the TPU path), run in Pallas's TPU interpreter on the CPU -----
+
+
+@pytest.fixture
+def tpu_kernels(tx, monkeypatch):
+    """``custom_kernel`` with the TPU path switched on off a TPU (its test hook) and a count of the kernel's traces."""
+    ck, _ = tx
+    monkeypatch.setattr(ck, "_TPU_KERNELS_EVERYWHERE", True)
+    traced = []
+    real = ck._flash_kernel
+
+    def counting(*args):
+        traced.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(ck, "_flash_kernel", counting)
+    yield ck, traced
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_segments_ab", "cross_lengths_causal_5d"])
+def test_flash_attention_on_the_tpu_path_runs_jax_s_kernel_equal_to_the_xla_formulation(tpu_kernels, dev, case):
+    ck, traced = tpu_kernels
+    lq, lk = (128, 256) if "cross" in case else (128, 128)
+    q, k, v = _qkv(b=1, h=2, lq=lq, lk=lk, d=32)
+    if "5d" in case:
+        q, k, v = (t.reshape(1, 1, 2, t.shape[-2], 32) for t in (q, k, v))
+    causal, scale = "causal" in case, 0.3
+    tensors = [q, k, v]
+    if "segments" in case:
+        seg = torch.tensor([[0] * 50 + [1] * 78], dtype=torch.int32)
+        tensors += [seg, torch.randn(1, 2, lq, lk)]
+
+    def attention(q, k, v, seg=None, ab=None):
+        return ck.flash_attention(q, k, v, causal, seg, seg, scale, ab=ab)
+
+    kernel_run = _run(attention, tensors, dev)
+    assert traced  # the kernel was traced (for the forward, and again in the backward, which recomputes it)
+    n = len(traced)
+    ck._TPU_KERNELS_EVERYWHERE = False  # the XLA formulation, same inputs
+    xla_run = _run(attention, tensors, dev)
+    assert len(traced) == n
+    for a, b in zip(kernel_run, xla_run):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+    if "segments" not in case:  # and SDPA's numbers (the segment and bias cases are checked against it above)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        torch.testing.assert_close(kernel_run[0], want, **TOL)
+
+
+def test_flash_attention_keeps_the_xla_formulation_where_the_kernel_does_not_fit(tpu_kernels, dev):
+    ck, traced = tpu_kernels
+    q, k, v = _qkv(lq=16, lk=16)  # lengths not in 128-blocks
+    got = ck.flash_attention(q.to(dev), k.to(dev), v.to(dev), causal=True)
+    torch.testing.assert_close(got.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0), **TOL)
+    q, k, v = _qkv(b=1, h=1, lq=128, lk=128, d=8)
+    ck.flash_attention(q.to(dev).double(), k.to(dev).double(), v.to(dev).double()).cpu()  # float64: no kernel
+    assert traced == []

@@ -69,6 +69,7 @@ MODULES = {
     "torch_xla.experimental.distributed_checkpoint": "torch_xla/experimental/distributed_checkpoint/__init__.py",
     "torch_xla.experimental.custom_kernel": "torch_xla/experimental/custom_kernel.py",
     "torch_xla.experimental.assume_pure": "torch_xla/experimental/assume_pure.py",
+    "torch_xla.experimental.xla_quantized_matmul": "torch_xla/experimental/xla_quantized_matmul.py",
     "torch_xla.stablehlo": "torch_xla/stablehlo.py",
 }
 # Why a module the layer does not have is missing (the issue-17 points name work another part of the project does).
@@ -113,8 +114,11 @@ PARTIAL = {
     "custom_ops_allowed_in_graph and export_node_metadata raise",
     ("torch_xla.stablehlo", "XLAExportInterpreter"): "custom_ops_allowed_in_graph and gm_serializer raise",
     ("torch_xla.core.xla_builder", "call_jax"): "name and override_hash are ignored (lazyxla keys by signature)",
-    ("torch_xla.experimental.custom_kernel", "flash_attention"): "an exact XLA formulation on every platform (not "
-    "jax's Pallas flash kernel: O(len^2) memory); partition_spec/mesh unused (XLA partitions from the shardings)",
+    ("torch_xla.experimental.custom_kernel", "flash_attention"): "jax's Pallas TPU kernel on a TPU (lengths in "
+    "128-blocks, SPMD off), else an exact XLA formulation (O(len^2) memory); partition_spec/mesh unused (XLA "
+    "partitions the XLA formulation from the shardings)",
+    ("torch_xla.experimental.custom_kernel", "quantized_matmul_int8"): "an exact XLA formulation on every platform "
+    "(torch_xla's Pallas kernel is its own); zero_point and quant_block_size raise, as that kernel asserts",
     ("torch_xla.experimental.custom_kernel", "gmm"): "jax.lax.ragged_dot; group_offset raises",
     ("torch_xla.experimental.custom_kernel", "tgmm"): "exact XLA; group_offset and num_actual_groups raise",
     ("torch_xla.experimental.assume_pure", "assume_pure"): "a one-iteration lazyxla.scan kept per signature, not "

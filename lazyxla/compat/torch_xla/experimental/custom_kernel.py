@@ -7,12 +7,20 @@
 * ``flash_attention(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab=...)``: torch_xla's semantics
   (those of jax's TPU flash attention): ``logits = (q @ k^T + ab) * sm_scale``; a query attends to a key only where
   the segment ids are equal and, when causal, the key's index is at most the query's; masked logits get
-  ``DEFAULT_MASK_VALUE`` added (so a row with no key left averages uniformly instead of giving NaN). It is an exact
-  XLA formulation written in JAX (float32 logits and softmax) on every platform, differentiated by ``jax.vjp``;
-  XLA partitions it from the inputs' shardings, so ``partition_spec``/``mesh`` are accepted and not needed.
+  ``DEFAULT_MASK_VALUE`` added (so a row with no key left averages uniformly instead of giving NaN). On a TPU, when
+  the lengths are multiples of 128 (the kernel's blocks) and SPMD is off, it is jax's Pallas TPU flash attention
+  (``jax.experimental.pallas.ops.tpu.flash_attention``: O(len) memory, its own backward kernels), as in torch_xla;
+  elsewhere, and for other shapes, an exact XLA formulation written in JAX (float32 logits and softmax),
+  differentiated by ``jax.vjp``. XLA partitions that from the inputs' shardings, so ``partition_spec``/``mesh`` are
+  accepted and not needed.
+* ``quantized_matmul_int8(x, w, scalar, quantize_activation=...)``: torch_xla's w8a8 matmul (int8 weight ``[out,
+  in]``, float scale per output channel; with ``quantize_activation`` the activations are quantized to int8 per row
+  and the matmul runs int8 x int8 -> int32), an exact XLA formulation on every platform (the Pallas kernel is
+  torch_xla's own, not jax's); the block sizes are accepted and not needed. ``zero_point``/``quant_block_size``
+  raise, as torch_xla's kernel asserts. The blockwise and asymmetric forms are in ``xla_quantized_matmul``.
 * ``gmm``, ``tgmm`` (grouped matmuls of mixture-of-experts layers) and ``GMM``: ``jax.lax.ragged_dot`` on every
   platform (exact; differentiable).
-* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention``, ``quantized_matmul_int8``:
+* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention``:
   torch_xla's TPU Pallas kernels; lazyxla raises ``NotImplementedError`` naming ``make_kernel_from_pallas`` /
   ``lazyxla.call_jax`` with jax's own kernels (``jax.experimental.pallas.ops.tpu``).
 
@@ -29,18 +37,21 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import torch
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
 from lazyxla.compat.torch_xla._internal.jax_workarounds import jax_import_guard, requires_jax  # noqa: F401 (as torch_xla)
+from lazyxla.compat.torch_xla.experimental.xla_quantized_matmul import _check_per_channel, _xla_quantized_matmul
 from lazyxla.device import devices
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)  # torch_xla's and jax's flash attention's
@@ -150,9 +161,10 @@ def flash_attention(
 
     Masks (torch_xla's): ``causal`` keeps key ``j <= i`` for query ``i`` (top-left aligned, as
     ``F.scaled_dot_product_attention(is_causal=True)``); segment ids keep keys whose id equals the query's. A masked
-    logit gets ``DEFAULT_MASK_VALUE`` added. Computed exactly in float32 (XLA), one ``call_jax`` node; its backward
-    is ``jax.vjp``'s, another node. ``partition_spec``/``mesh`` are accepted: XLA partitions the computation from the
-    inputs' shardings (mark q, k, v with ``xs.mark_sharding``).
+    logit gets ``DEFAULT_MASK_VALUE`` added. One ``call_jax`` node, its backward another: on a TPU (SPMD off, float32
+    or bfloat16, lengths multiples of 128) jax's Pallas TPU flash attention and its backward kernels; otherwise
+    computed exactly in float32 (XLA), the backward ``jax.vjp``'s. ``partition_spec``/``mesh`` are accepted: XLA
+    partitions the computation from the inputs' shardings (mark q, k, v with ``xs.mark_sharding``).
 
     Example::
 
@@ -166,8 +178,9 @@ def flash_attention(
             f"flash_attention: q, k, v must be [batch..., heads, len, dim] with matching batch, heads and dim "
             f"(k and v of one length); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
+    fn = _pallas_attention if _tpu_kernels() and _fits_pallas_flash(q, k, v, ab) else _attention
     return lazyxla.call_jax(
-        _attention, q, k, v, ab, q_segment_ids, kv_segment_ids, causal=bool(causal), sm_scale=float(sm_scale)
+        fn, q, k, v, ab, q_segment_ids, kv_segment_ids, causal=bool(causal), sm_scale=float(sm_scale)
     )
 
 
@@ -190,6 +203,112 @@ def _attention(q, k, v, ab, q_segment_ids, kv_segment_ids, *, causal: bool, sm_s
         s = s + jnp.where(mask, f32(0.0), f32(DEFAULT_MASK_VALUE))
     p = jax.nn.softmax(s, axis=-1)
     return jnp.einsum("...qk,...kd->...qd", p, v.astype(f32), preferred_element_type=f32).astype(q.dtype)
+
+
+# Test hook: True runs jax's TPU kernels off a TPU too, in Pallas's TPU interpreter (tests/test_compat_custom_kernel.py
+# sets it to check the kernel path against the XLA formulation on the CPU).
+_TPU_KERNELS_EVERYWHERE = False
+
+
+def _tpu_kernels() -> bool:
+    """Whether attention runs jax's Pallas TPU kernels: on a TPU (or under the test hook), and not in SPMD mode
+    (a Mosaic kernel is opaque to XLA's partitioner, which partitions the XLA formulation from the shardings)."""
+    return (devices.platform() == "tpu" or _TPU_KERNELS_EVERYWHERE) and not devices.spmd_enabled()
+
+
+def _fits_pallas_flash(q, k, v, ab) -> bool:
+    """Whether jax's TPU flash attention takes these shapes: lengths in whole 128-blocks (its smallest block), a head
+    dimension below 128 or a multiple of it, one float dtype (float32 or bfloat16), a full ``ab``."""
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    return (
+        lq % tpu_flash.MIN_BLOCK_SIZE == 0
+        and lk % tpu_flash.MIN_BLOCK_SIZE == 0
+        and (d < tpu_flash.MIN_BLOCK_SIZE or d % tpu_flash.MIN_BLOCK_SIZE == 0)
+        and q.dtype == k.dtype == v.dtype
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and (ab is None or tuple(ab.shape) == (*q.shape[:-1], lk))
+    )
+
+
+def _pallas_attention(q, k, v, ab, q_segment_ids, kv_segment_ids, *, causal: bool, sm_scale: float):
+    """jax's Pallas TPU flash attention (``_attention``'s semantics), leading batch dimensions folded into one."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    batch_shape = q.shape[:-2]
+    q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    if ab is not None:
+        ab = ab.reshape(-1, *ab.shape[-3:])
+    if q_segment_ids is not None:
+        q_segment_ids = q_segment_ids.reshape(-1, lq).astype(jnp.int32)
+        kv_segment_ids = kv_segment_ids.reshape(-1, lk).astype(jnp.int32)
+    kernel = _kernel_call(_flash_kernel(bool(causal), float(sm_scale), _flash_blocks(q.shape[0], lq, lk)))
+    return kernel(q, k, v, ab, q_segment_ids, kv_segment_ids).reshape(*batch_shape, lq, q.shape[-1])
+
+
+def _block(length: int, largest: int) -> int:
+    """The largest of ``largest``, ``largest / 2``, ... (128 at least) that divides ``length``."""
+    while length % largest:
+        largest //= 2
+    return largest
+
+
+def _flash_blocks(batch: int, lq: int, lk: int) -> tpu_flash.BlockSizes:
+    """torch_xla's block sizes (``FlashAttention.DEFAULT_BLOCK_SIZES``), halved until they divide the lengths."""
+    return tpu_flash.BlockSizes(
+        block_q=_block(lq, 512),
+        block_k_major=_block(lk, 512),
+        block_k=_block(lk, 512),
+        block_b=2 if batch % 2 == 0 else 1,
+        block_q_major_dkv=_block(lq, 512),
+        block_k_major_dkv=_block(lk, 512),
+        block_k_dkv=_block(lk, 512),
+        block_q_dkv=_block(lq, 512),
+        block_k_major_dq=_block(lk, 512),
+        block_k_dq=_block(lk, 256),
+        block_q_dq=_block(lq, 1024),
+    )
+
+
+@functools.cache
+def _flash_kernel(causal: bool, sm_scale: float, blocks: tpu_flash.BlockSizes) -> Callable:
+    def kernel(q, k, v, ab, q_segment_ids, kv_segment_ids):
+        segment_ids = None if q_segment_ids is None else tpu_flash.SegmentIds(q_segment_ids, kv_segment_ids)
+        return tpu_flash.flash_attention(q, k, v, ab, segment_ids, causal=causal, sm_scale=sm_scale, block_sizes=blocks)
+
+    return kernel
+
+
+@contextlib.contextmanager
+def _kernel_mode() -> Iterator[None]:
+    """How jax's TPU kernels are traced: with 32-bit types (their index maps mix int32 with jax's default int, int64
+    under lazyxla's 64-bit mode: ``lax.select`` then refuses them), in Pallas's TPU interpreter off a TPU."""
+    with jax.enable_x64(False):
+        if devices.platform() == "tpu":
+            yield
+        else:
+            with pltpu.force_tpu_interpret_mode():
+                yield
+
+
+def _kernel_call(fn: Callable) -> Callable:
+    """``fn`` (arrays -> arrays, calling Pallas kernels, differentiable through its own ``custom_vjp``) traced under
+    :func:`_kernel_mode`, its backward too: a ``custom_vjp``'s backward is traced when the VJP is taken, after the
+    forward's ``with`` has ended, so the mode is entered again there."""
+
+    @jax.custom_vjp
+    def run(*args):
+        with _kernel_mode():
+            return fn(*args)
+
+    def forward(*args):
+        with _kernel_mode():
+            return jax.vjp(fn, *args)  # its VJP function is a pytree of residual arrays
+
+    def backward(vjp, cotangent):
+        with _kernel_mode():
+            return vjp(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
 
 
 class FlashAttention:
@@ -309,6 +428,56 @@ class GMM(torch.autograd.Function):
         return grad_lhs, grad_rhs, None, None
 
 
+# ---- quantized matmul ----------------------------------------------------------------------------------------------
+
+
+def quantized_matmul_int8(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scalar: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    quant_block_size: torch.Tensor | None = None,
+    quantize_activation: bool = False,
+    batch_block_size: int | None = None,
+    out_block_size: int | None = None,
+    in_block_size: int | None = None,
+) -> torch.Tensor:
+    """torch_xla's w8a8 matmul: ``x [..., in] @ w.T * scalar`` with ``w`` int8 ``[out, in]`` and ``scalar [out]``
+    (a float scale per output channel, used in float32), in x's dtype. With ``quantize_activation`` each row of x is
+    quantized to int8 first (``scale = max|x| / 127`` in x's dtype, ``x_int = round(x / scale)``), the matmul runs
+    int8 x int8 -> int32 and the result is multiplied by the row's scale, as torch_xla's Pallas kernel does. An exact
+    XLA formulation on every platform, one :func:`lazyxla.call_jax` node; the block sizes (the kernel's tiling) are
+    accepted and not needed.
+
+    Example::
+
+        w_int8, scalar = ...                      # per-channel symmetric quantization of a [out, in] weight
+        y = quantized_matmul_int8(x, w_int8, scalar, quantize_activation=True)
+    """
+    if zero_point is not None or quant_block_size is not None:
+        raise NotImplementedError(
+            "torch_xla.experimental.custom_kernel.quantized_matmul_int8 takes no zero_point or quant_block_size "
+            "(torch_xla's kernel asserts they are None); use torch_xla.experimental.xla_quantized_matmul."
+            "quantized_matmul_xla(x, w, scaler, zero_point, block_size=...) for asymmetric or blockwise weights"
+        )
+    _check_per_channel(x.shape[-1], w.shape[0], w, scalar, None)
+    return lazyxla.call_jax(_int8_matmul, x, w, scalar, quantize_activation=bool(quantize_activation))
+
+
+def _int8_matmul(x, w, scalar, *, quantize_activation: bool):
+    """The kernel's math: the per-channel quantized matmul with a float32 scale, cast back to x's dtype."""
+    out = _xla_quantized_matmul(
+        x,
+        w,
+        scalar.astype(jnp.float32),
+        None,
+        block_size=-1,
+        int4_weight=False,
+        quantize_activation=quantize_activation,
+    )
+    return out.astype(x.dtype)
+
+
 # ---- TPU kernels lazyxla does not provide --------------------------------------------------------------------------
 
 _KERNEL_HINT = (
@@ -318,7 +487,6 @@ _KERNEL_HINT = (
 paged_attention = stub("torch_xla.experimental.custom_kernel.paged_attention", _KERNEL_HINT)
 multi_queries_paged_attention = stub("torch_xla.experimental.custom_kernel.multi_queries_paged_attention", _KERNEL_HINT)
 ragged_paged_attention = stub("torch_xla.experimental.custom_kernel.ragged_paged_attention", _KERNEL_HINT)
-quantized_matmul_int8 = stub("torch_xla.experimental.custom_kernel.quantized_matmul_int8", _KERNEL_HINT)
 trace_pallas = stub(
     "torch_xla.experimental.custom_kernel.trace_pallas (the TPU custom call's payload)",
     "make_kernel_from_pallas or lazyxla.call_jax, which run the JAX function itself",
