@@ -12,9 +12,12 @@
   XLA partitions it from the inputs' shardings, so ``partition_spec``/``mesh`` are accepted and not needed.
 * ``gmm``, ``tgmm`` (grouped matmuls of mixture-of-experts layers) and ``GMM``: ``jax.lax.ragged_dot`` on every
   platform (exact; differentiable).
-* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention``, ``quantized_matmul_int8``:
-  torch_xla's TPU Pallas kernels; lazyxla raises ``NotImplementedError`` naming ``make_kernel_from_pallas`` /
-  ``lazyxla.call_jax`` with jax's own kernels (``jax.experimental.pallas.ops.tpu``).
+* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention`` (vLLM's): torch_xla's
+  semantics as exact XLA formulations in JAX on every platform (``_paged_attention``): lengths, page indices,
+  ``cu_q_lens`` and ``num_seqs`` are program inputs (new values neither sync nor compile); padding rows are zeros;
+  also ``torch.ops.xla.<name>``.
+* ``quantized_matmul_int8``: torch_xla's TPU Pallas kernel; lazyxla raises ``NotImplementedError`` naming
+  ``make_kernel_from_pallas`` / ``lazyxla.call_jax`` with jax's own kernels (``jax.experimental.pallas.ops.tpu``).
 
 ``jax_import_guard()`` and ``@requires_jax`` exist and do nothing: lazyxla is built on jax, importing it is safe.
 
@@ -315,9 +318,19 @@ _KERNEL_HINT = (
     "jax's own kernel (jax.experimental.pallas.ops.tpu...) through make_kernel_from_pallas or lazyxla.call_jax "
     "(on a TPU), or the attention written in PyTorch"
 )
-paged_attention = stub("torch_xla.experimental.custom_kernel.paged_attention", _KERNEL_HINT)
-multi_queries_paged_attention = stub("torch_xla.experimental.custom_kernel.multi_queries_paged_attention", _KERNEL_HINT)
-ragged_paged_attention = stub("torch_xla.experimental.custom_kernel.ragged_paged_attention", _KERNEL_HINT)
+from lazyxla.compat.torch_xla.experimental._paged_attention import (  # noqa: E402,F401 (torch_xla's names)
+    multi_queries_paged_attention,
+    multi_queries_paged_attention_non_xla,
+    multi_queries_paged_attention_xla,
+    non_xla_ragged_paged_attention,
+    paged_attention,
+    paged_attention_non_xla,
+    paged_attention_xla,
+    ragged_paged_attention,
+    ragged_paged_attention_non_xla,
+    ragged_paged_attention_xla,
+)
+
 quantized_matmul_int8 = stub("torch_xla.experimental.custom_kernel.quantized_matmul_int8", _KERNEL_HINT)
 trace_pallas = stub(
     "torch_xla.experimental.custom_kernel.trace_pallas (the TPU custom call's payload)",
