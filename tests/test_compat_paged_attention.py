@@ -5,6 +5,8 @@ second call with other values compiles nothing and reads nothing on the host."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -356,3 +358,24 @@ def test_the_ops_survive_reinstalling_the_layer(dev):
         compat.uninstall()
     outs.append(torch.ops.xla.ragged_paged_attention(*_on(dev, inputs)).cpu())
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_torch_ops_xla_under_torch_compile(dev):
+    # AOTAutograd's functionalization meets the op on fake tensors: the graph must hold the op itself (run op by op
+    # at call time, its call_jax node in the step's program), not the empty_like its shape kernel returns
+    def attend(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+        out = torch.ops.xla.ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, 0.5)
+        return out * 2
+
+    compiled = torch.compile(attend, backend="lazyxla")
+    for k, (pattern, seed) in enumerate(((RAGGED, 0), (RAGGED_OTHER, 1))):
+        inputs = _ragged_inputs(pattern, torch.float32, seed=seed)
+        moved = _on(dev, inputs)
+        lazyxla.metrics.reset()
+        with pytest.warns(UserWarning, match="op by op") if k == 0 else contextlib.nullcontext():
+            got = compiled(*moved).cpu()
+        if k:
+            assert lazyxla.metrics.counters()["compiles"] == 0
+        total = int(inputs[4][len(pattern)])
+        want = 2 * ragged_reference(*inputs, None, None, sm_scale=0.5)
+        torch.testing.assert_close(got[:total], want, **TOL[torch.float32])

@@ -23,7 +23,8 @@ Also torch_xla's ``torch.ops.xla`` custom ops for the three kernels, on ``XLA_LI
 their kernel for lazyxla's device is registered at the Functionalize key (a lazyxla tensor as the user holds it
 is a functionalization wrapper, and the Python key below it would record the op as an unknown one), and
 ``CompositeExplicitAutograd`` returns ``empty_like(q)`` for shape inference (fake and meta tensors), as torch_xla's
-does.
+does. Under ``torch.compile(backend="lazyxla")`` the graph keeps the op (AOTAutograd's functionalization passes it
+below the Functionalize key on fake tensors) and lazyxla runs that graph op by op.
 """
 
 from __future__ import annotations
@@ -354,8 +355,8 @@ def _attend(q, kv_len, pos, pages, fetch, *, sm_scale, soft_cap, sliding_window,
 # torch_xla's schemas, verbatim. torch_xla registers its kernels at the XLA key; a lazyxla tensor as the user holds it
 # is a functionalization wrapper, whose first key after autograd is Functionalize (below it, the inner tensor's
 # Python key would record the op as one lazyxla cannot lower and run it on the CPU): the device kernels are
-# registered there. A tensor elsewhere (CPU under functionalization, a fake one in torch.compile's tracing) gets
-# ``empty_like(q)``, as torch_xla's CompositeExplicitAutograd kernels give.
+# registered there. A tensor elsewhere (CPU under functionalization, a fake one in torch.compile's tracing) goes on
+# below functionalization to the CompositeExplicitAutograd kernels: ``empty_like(q)``, as torch_xla's give.
 
 XLA_LIB.define(
     "paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor lengths, Tensor page_indices,"
@@ -377,6 +378,24 @@ XLA_LIB.define(
 def _on_lazyxla(q: torch.Tensor, kv: torch.Tensor) -> bool:
     """Whether the op's tensors hold lazyxla values (not fake tensors of the lazyxla device in a trace)."""
     return devices.on_device(q) and devices.on_device(kv) and not torch_private.is_fake(q)
+
+
+def _below_functionalization(op, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``op`` on the tensors inside the functionalization wrappers, its result wrapped again: PyTorch's own
+    Functionalize fallback for an op that writes nothing. Why: AOTAutograd's functionalization (torch.compile)
+    calls the Functionalize kernel on fake tensors, and the graph must record the op itself (running it as one
+    op by op at run time), not what its shape kernel returns."""
+
+    def inner(x):
+        if isinstance(x, torch.Tensor) and torch_private.is_functional(x):
+            torch_private.functional_sync(x)
+            return torch_private.from_functional(x)
+        return x
+
+    below = torch_private.DispatchKeySet(torch_private.DispatchKey.Functionalize)
+    with torch_private.ExcludeDispatchKeyGuard(below):
+        out = op(*map(inner, args), **kwargs)
+    return torch_private.to_functional(out)
 
 
 def non_xla_ragged_paged_attention(q: torch.Tensor, kv: torch.Tensor, attention_type: str) -> torch.Tensor:
@@ -403,7 +422,17 @@ def paged_attention_xla(
         out = torch.ops.xla.paged_attention(q, k_pages, v_pages, lengths, page_indices, 4)
     """
     if not _on_lazyxla(q, k_pages):
-        return paged_attention_non_xla(q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block)
+        args = (
+            q,
+            k_pages,
+            v_pages,
+            lengths,
+            page_indices,
+            pages_per_compute_block,
+            megacore_mode,
+            attn_logits_soft_cap,
+        )
+        return _below_functionalization(torch.ops.xla.paged_attention.default, args, {})
     return paged_attention(
         q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode, attn_logits_soft_cap
     )
@@ -434,7 +463,9 @@ def multi_queries_paged_attention_xla(
         out = torch.ops.xla.multi_queries_paged_attention(q, k_pages, v_pages, lengths, pages, q_lens, 4, 8, True)
     """
     if not _on_lazyxla(q, k_pages):
-        return non_xla_ragged_paged_attention(q, k_pages, "paged")
+        args = (q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
+                num_queries_per_compute_block, use_kernel, attn_logits_soft_cap)  # fmt: skip
+        return _below_functionalization(torch.ops.xla.multi_queries_paged_attention.default, args, {})
     return multi_queries_paged_attention(
         q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
         num_queries_per_compute_block, use_kernel, attn_logits_soft_cap,
@@ -471,7 +502,8 @@ def ragged_paged_attention_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens, nu
         out = torch.ops.xla.ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, 0.125)
     """
     if not _on_lazyxla(q, kv_pages):
-        return non_xla_ragged_paged_attention(q, kv_pages, "paged")
+        args = (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *args)
+        return _below_functionalization(torch.ops.xla.ragged_paged_attention.default, args, kwargs)
     return ragged_paged_attention(
         q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **dict(zip(_RAGGED_ARGS, args)), **kwargs
     )
