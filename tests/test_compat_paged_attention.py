@@ -184,6 +184,25 @@ def test_ragged_new_lengths_neither_sync_nor_compile(dev):
         assert not got[total:].any()
 
 
+def test_ragged_gradients_equal_the_reference(dev):
+    # not torch_xla's (its kernels have no backward): call_jax's jax.vjp through the scan
+    inputs = list(_ragged_inputs(RAGGED, torch.float32))
+    total = int(inputs[4][len(RAGGED)])
+    weight = torch.linspace(-1, 1, total * inputs[0][0].numel()).reshape(total, *inputs[0].shape[1:])
+    grads = []
+    for where in (dev, "cpu"):
+        q, kv = (t.to(where).requires_grad_() for t in inputs[:2])
+        rest = [t.to(where) for t in inputs[2:]]
+        if where == "cpu":
+            out = ragged_reference(q, kv, *rest, None, None, sm_scale=0.5, sliding_window=4, soft_cap=2.0)
+        else:
+            out = pa.ragged_paged_attention(q, kv, *rest, sm_scale=0.5, sliding_window=4, soft_cap=2.0)[:total]
+        (out * weight.to(where)).sum().backward()
+        grads.append([q.grad.cpu(), kv.grad.cpu()])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
 def test_ragged_invalid_lengths_and_nan_pages_give_no_nan(dev):
     q, kv_pages, kv_lens, page_indices, cu, num_seqs = _ragged_inputs(RAGGED, torch.float32)
     unused = [p for p in range(TOTAL_PAGES) if p not in page_indices[: len(RAGGED)].flatten().tolist()]

@@ -94,10 +94,10 @@ def paged_attention(
         raise ValueError("number of KV heads must be even when megacore_mode is 'kv_head'")
     if megacore_mode == "batch" and batch % 2 != 0:
         raise ValueError("batch size must be even when megacore_mode is 'batch'")
-    out_dtype = q.dtype if (heads // kv_heads) % 8 == 0 else torch.float32
+    if (heads // kv_heads) % 8 != 0:
+        q = q.float()  # torch_xla launches the kernel on a float32 q then, and returns its float32 output
     cap = None if attn_logits_soft_cap is None else float(attn_logits_soft_cap)
-    out = lazyxla.call_jax(_paged, q, k_pages, v_pages, lengths, page_indices, soft_cap=cap)
-    return out if out.dtype == out_dtype else out.to(out_dtype)
+    return lazyxla.call_jax(_paged, q, k_pages, v_pages, lengths, page_indices, soft_cap=cap)
 
 
 def multi_queries_paged_attention(
@@ -265,7 +265,7 @@ def _split_pages(k_pages, v_pages):
 
     def fetch(ids):
         ids = jnp.clip(ids, 0, total - 1)
-        return (jnp.transpose(jnp.take(p, ids, axis=1), (1, 2, 0, 3)) for p in (k_pages, v_pages))
+        return tuple(jnp.transpose(jnp.take(p, ids, axis=1), (1, 2, 0, 3)) for p in (k_pages, v_pages))
 
     return fetch
 
@@ -312,7 +312,7 @@ def _attend(q, kv_len, pos, pages, fetch, *, sm_scale, soft_cap, sliding_window,
     """
     f32 = jnp.float32
     rows, queries, heads, dim = q.shape
-    k0, _ = fetch(pages[:, 0])
+    k0, _ = jax.eval_shape(fetch, pages[:, 0])
     page_size, kv_heads = k0.shape[1], k0.shape[2]
     groups = heads // kv_heads
     qg = q.reshape(rows, queries, kv_heads, groups, dim)
