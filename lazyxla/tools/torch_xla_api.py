@@ -91,6 +91,7 @@ NAME_REASONS = {
 }
 _SHARDED_TENSOR = "no padding; autograd records on the wrapped tensor"  # both import paths of the one class
 _FIXED_SHAPES = "fixed shapes: dynamic dimensions (torch.export.Dim) raise, naming them"
+_PAGED = "an exact XLA formulation on every platform (not the TPU Pallas kernel); padding rows are zeros"
 _AUTO = "a fixed policy (parameters split on their first dimension the devices divide) stands for XLA's auto-sharding"
 
 # Names the layer has that do less than torch_xla's (what differs is in docs/migrating-from-torch_xla.md).
@@ -120,6 +121,10 @@ PARTIAL = {
     ("torch_xla.experimental.custom_kernel", "quantized_matmul_int8"): "an exact XLA formulation on every platform "
     "(torch_xla's Pallas kernel is its own); zero_point and quant_block_size raise, as that kernel asserts",
     ("torch_xla.experimental.custom_kernel", "gmm"): "jax.lax.ragged_dot; group_offset raises",
+    ("torch_xla.experimental.custom_kernel", "paged_attention"): _PAGED,
+    ("torch_xla.experimental.custom_kernel", "multi_queries_paged_attention"): _PAGED,
+    ("torch_xla.experimental.custom_kernel", "ragged_paged_attention"): _PAGED + "; torch_xla's host-side runtime "
+    "check (q_len <= kv_len, ...) is not made: it would read the lengths on the host",
     ("torch_xla.experimental.custom_kernel", "tgmm"): "exact XLA; group_offset and num_actual_groups raise",
     ("torch_xla.experimental.assume_pure", "assume_pure"): "a one-iteration lazyxla.scan kept per signature, not "
     "a call_jax call (xb._jax_to_xla_computation_cache_elements does not count it)",

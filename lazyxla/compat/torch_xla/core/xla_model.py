@@ -37,6 +37,13 @@ from lazyxla.lazy.tensor import unwrap
 from lazyxla.observe import metrics
 from lazyxla.util import atomic_write, map_tensors, require_parent_folder
 
+# torch_xla's op library, ``torch.ops.xla``: custom_kernel defines its kernels on it (``XLA_LIB.define(...)``, then
+# ``torch.library.impl(XLA_LIB, name, key)``), and so can user code written for torch_xla. This module is imported
+# once per process (install/uninstall only alias it as ``torch_xla.core.xla_model``), so the library is made once. A
+# FRAGMENT rather than torch_xla's DEF: the same definitions, without claiming the whole namespace (a DEF fails in a
+# process where anything else defines ``xla`` ops).
+XLA_LIB = torch.library.Library("xla", "FRAGMENT")
+
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
 REDUCE_AND = "and"

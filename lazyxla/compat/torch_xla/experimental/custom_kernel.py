@@ -20,9 +20,10 @@
   raise, as torch_xla's kernel asserts. The blockwise and asymmetric forms are in ``xla_quantized_matmul``.
 * ``gmm``, ``tgmm`` (grouped matmuls of mixture-of-experts layers) and ``GMM``: ``jax.lax.ragged_dot`` on every
   platform (exact; differentiable).
-* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention``:
-  torch_xla's TPU Pallas kernels; lazyxla raises ``NotImplementedError`` naming ``make_kernel_from_pallas`` /
-  ``lazyxla.call_jax`` with jax's own kernels (``jax.experimental.pallas.ops.tpu``).
+* ``paged_attention``, ``multi_queries_paged_attention``, ``ragged_paged_attention`` (vLLM's): torch_xla's
+  semantics as exact XLA formulations in JAX on every platform (``_paged_attention``): lengths, page indices,
+  ``cu_q_lens`` and ``num_seqs`` are program inputs (new values neither sync nor compile); padding rows are zeros;
+  also ``torch.ops.xla.<name>``.
 
 ``jax_import_guard()`` and ``@requires_jax`` exist and do nothing: lazyxla is built on jax, importing it is safe.
 
@@ -51,6 +52,18 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
 from lazyxla.compat.torch_xla._internal.jax_workarounds import jax_import_guard, requires_jax  # noqa: F401 (as torch_xla)
+from lazyxla.compat.torch_xla.experimental._paged_attention import (  # noqa: F401 (torch_xla's names)
+    multi_queries_paged_attention,
+    multi_queries_paged_attention_non_xla,
+    multi_queries_paged_attention_xla,
+    non_xla_ragged_paged_attention,
+    paged_attention,
+    paged_attention_non_xla,
+    paged_attention_xla,
+    ragged_paged_attention,
+    ragged_paged_attention_non_xla,
+    ragged_paged_attention_xla,
+)
 from lazyxla.compat.torch_xla.experimental.xla_quantized_matmul import _check_per_channel, _xla_quantized_matmul
 from lazyxla.device import devices
 
@@ -478,15 +491,12 @@ def _int8_matmul(x, w, scalar, *, quantize_activation: bool):
     return out.astype(x.dtype)
 
 
-# ---- TPU kernels lazyxla does not provide --------------------------------------------------------------------------
+# ---- what lazyxla does not provide ----------------------------------------------------------------------------------
 
 _KERNEL_HINT = (
     "jax's own kernel (jax.experimental.pallas.ops.tpu...) through make_kernel_from_pallas or lazyxla.call_jax "
     "(on a TPU), or the attention written in PyTorch"
 )
-paged_attention = stub("torch_xla.experimental.custom_kernel.paged_attention", _KERNEL_HINT)
-multi_queries_paged_attention = stub("torch_xla.experimental.custom_kernel.multi_queries_paged_attention", _KERNEL_HINT)
-ragged_paged_attention = stub("torch_xla.experimental.custom_kernel.ragged_paged_attention", _KERNEL_HINT)
 trace_pallas = stub(
     "torch_xla.experimental.custom_kernel.trace_pallas (the TPU custom call's payload)",
     "make_kernel_from_pallas or lazyxla.call_jax, which run the JAX function itself",
