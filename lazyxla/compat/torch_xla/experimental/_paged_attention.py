@@ -36,9 +36,8 @@ import jax.numpy as jnp
 import torch
 
 import lazyxla
-from lazyxla import torch_private
 from lazyxla.compat.torch_xla.core.xla_model import XLA_LIB
-from lazyxla.device import devices
+from lazyxla.compat.torch_xla.experimental._custom_ops import below_functionalization, on_lazyxla
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)  # torch_xla's and jax's paged attention's
 MEGACORE_MODES = ("kv_head", "batch", None)
@@ -375,29 +374,6 @@ XLA_LIB.define(
 )
 
 
-def _on_lazyxla(q: torch.Tensor, kv: torch.Tensor) -> bool:
-    """Whether the op's tensors hold lazyxla values (not fake tensors of the lazyxla device in a trace)."""
-    return devices.on_device(q) and devices.on_device(kv) and not torch_private.is_fake(q)
-
-
-def _below_functionalization(op, args: tuple, kwargs: dict) -> torch.Tensor:
-    """``op`` on the tensors inside the functionalization wrappers, its result wrapped again: PyTorch's own
-    Functionalize fallback for an op that writes nothing. Why: AOTAutograd's functionalization (torch.compile)
-    calls the Functionalize kernel on fake tensors, and the graph must record the op itself (running it as one
-    op by op at run time), not what its shape kernel returns."""
-
-    def inner(x):
-        if isinstance(x, torch.Tensor) and torch_private.is_functional(x):
-            torch_private.functional_sync(x)
-            return torch_private.from_functional(x)
-        return x
-
-    below = torch_private.DispatchKeySet(torch_private.DispatchKey.Functionalize)
-    with torch_private.ExcludeDispatchKeyGuard(below):
-        out = op(*map(inner, args), **kwargs)
-    return torch_private.to_functional(out)
-
-
 def non_xla_ragged_paged_attention(q: torch.Tensor, kv: torch.Tensor, attention_type: str) -> torch.Tensor:
     """torch_xla's kernel off its device: ``empty_like(q)`` (the output's shape, for fake-tensor tracing), with a
     warning unless ``kv`` is a meta tensor.
@@ -421,7 +397,7 @@ def paged_attention_xla(
 
         out = torch.ops.xla.paged_attention(q, k_pages, v_pages, lengths, page_indices, 4)
     """
-    if not _on_lazyxla(q, k_pages):
+    if not on_lazyxla(q, k_pages):
         args = (
             q,
             k_pages,
@@ -432,7 +408,7 @@ def paged_attention_xla(
             megacore_mode,
             attn_logits_soft_cap,
         )
-        return _below_functionalization(torch.ops.xla.paged_attention.default, args, {})
+        return below_functionalization(torch.ops.xla.paged_attention.default, args, {})
     return paged_attention(
         q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode, attn_logits_soft_cap
     )
@@ -462,10 +438,10 @@ def multi_queries_paged_attention_xla(
 
         out = torch.ops.xla.multi_queries_paged_attention(q, k_pages, v_pages, lengths, pages, q_lens, 4, 8, True)
     """
-    if not _on_lazyxla(q, k_pages):
+    if not on_lazyxla(q, k_pages):
         args = (q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
                 num_queries_per_compute_block, use_kernel, attn_logits_soft_cap)  # fmt: skip
-        return _below_functionalization(torch.ops.xla.multi_queries_paged_attention.default, args, {})
+        return below_functionalization(torch.ops.xla.multi_queries_paged_attention.default, args, {})
     return multi_queries_paged_attention(
         q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
         num_queries_per_compute_block, use_kernel, attn_logits_soft_cap,
@@ -501,9 +477,9 @@ def ragged_paged_attention_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens, nu
 
         out = torch.ops.xla.ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, 0.125)
     """
-    if not _on_lazyxla(q, kv_pages):
+    if not on_lazyxla(q, kv_pages):
         args = (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *args)
-        return _below_functionalization(torch.ops.xla.ragged_paged_attention.default, args, kwargs)
+        return below_functionalization(torch.ops.xla.ragged_paged_attention.default, args, kwargs)
     return ragged_paged_attention(
         q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **dict(zip(_RAGGED_ARGS, args)), **kwargs
     )

@@ -25,6 +25,10 @@
   ``cu_q_lens`` and ``num_seqs`` are program inputs (new values neither sync nor compile); padding rows are zeros;
   also ``torch.ops.xla.<name>``.
 
+* ``torch.ops.xla.flash_attention``, ``gmm``, ``quantized_matmul_int8`` (and the paged kernels'): torch_xla's custom
+  ops, registered when this module is imported (``_custom_ops.register``): the kernels above on lazyxla tensors,
+  torch_xla's shapes elsewhere (fake and meta tensors).
+
 ``jax_import_guard()`` and ``@requires_jax`` exist and do nothing: lazyxla is built on jax, importing it is safe.
 
 Example::
@@ -52,6 +56,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 import lazyxla
 from lazyxla.compat._common import missing_attribute, stub
 from lazyxla.compat.torch_xla._internal.jax_workarounds import jax_import_guard, requires_jax  # noqa: F401 (as torch_xla)
+from lazyxla.compat.torch_xla.experimental._custom_ops import register, warn_off_device
 from lazyxla.compat.torch_xla.experimental._paged_attention import (  # noqa: F401 (torch_xla's names)
     multi_queries_paged_attention,
     multi_queries_paged_attention_non_xla,
@@ -505,3 +510,107 @@ trace_pallas = stub(
 
 def __getattr__(name: str) -> Any:
     raise missing_attribute(__name__, name)
+
+
+# ---- torch.ops.xla.<name>: torch_xla's custom ops for these kernels (torch_xla registers them when this module is
+# imported; vLLM and torch_xla-style models call them) ----------------------------------------------------------------
+
+
+def non_xla_attetion(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_type: str) -> torch.Tensor:
+    """torch_xla's attention ops off its device (its spelling): ``empty_like(q)``, the output's shape for fake-tensor
+    tracing, with a warning unless ``k`` is a meta tensor.
+
+    Example::
+
+        non_xla_attetion(q_meta, k_meta, v_meta, "flash").shape == q_meta.shape
+    """
+    warn_off_device(k, f"{attention_type} attention")
+    return torch.empty_like(q)
+
+
+def flash_attention_xla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``torch.ops.xla.flash_attention(q, k, v, causal)`` on lazyxla tensors: :func:`flash_attention`.
+
+    Example::
+
+        o = torch.ops.xla.flash_attention(q, k, v, True)
+    """
+    return flash_attention(q, k, v, causal=causal)
+
+
+def flash_attention_non_xla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``torch.ops.xla.flash_attention`` elsewhere: ``empty_like(q)`` (torch_xla's, for shape inference).
+
+    Example::
+
+        torch.ops.xla.flash_attention(q.to("meta"), k.to("meta"), v.to("meta")).shape
+    """
+    return non_xla_attetion(q, k, v, "flash")
+
+
+def gmm_xla(lhs, rhs, group_sizes, tiling=None, group_offset=None, transpose_rhs=False) -> torch.Tensor:
+    """``torch.ops.xla.gmm`` on lazyxla tensors: :func:`gmm` (lhs ``[m, k]``, rhs ``[groups, k, n]``).
+
+    Example::
+
+        out = torch.ops.xla.gmm(tokens, expert_weights, group_sizes)
+    """
+    if lhs.dim() != 2 or rhs.dim() != 3:
+        raise ValueError(f"torch.ops.xla.gmm takes a 2-d lhs and a 3-d rhs, got {lhs.dim()}-d and {rhs.dim()}-d")
+    return gmm(lhs, rhs, group_sizes, tuple(tiling) if tiling else None, group_offset, transpose_rhs)
+
+
+def gmm_non_xla(lhs, rhs, group_sizes, tiling=None, group_offset=None, transpose_rhs=False) -> torch.Tensor:
+    """``torch.ops.xla.gmm`` elsewhere: an empty ``[m, n]`` tensor (torch_xla's, for shape inference).
+
+    Example::
+
+        torch.ops.xla.gmm(lhs.to("meta"), rhs.to("meta"), sizes.to("meta")).shape   # (m, n)
+    """
+    warn_off_device(lhs, "gmm")
+    if lhs.dim() != 2 or rhs.dim() != 3:
+        raise ValueError(f"torch.ops.xla.gmm takes a 2-d lhs and a 3-d rhs, got {lhs.dim()}-d and {rhs.dim()}-d")
+    return torch.empty(lhs.shape[0], rhs.shape[1] if transpose_rhs else rhs.shape[2], device=lhs.device)
+
+
+def quantized_matmul_int8_xla(x, w, scalar, zero_point=None, quant_block_size=None, quantize_activation=False,
+                              batch_block_size=None, out_block_size=None, in_block_size=None):  # fmt: skip
+    """``torch.ops.xla.quantized_matmul_int8`` on lazyxla tensors: :func:`quantized_matmul_int8`.
+
+    Example::
+
+        out = torch.ops.xla.quantized_matmul_int8(x, w_int8, scale, quantize_activation=True)
+    """
+    return quantized_matmul_int8(x, w, scalar, zero_point, quant_block_size, quantize_activation,
+                                 batch_block_size, out_block_size, in_block_size)  # fmt: skip
+
+
+def quantized_matmul_int8_non_xla(x, w, scalar, zero_point=None, quant_block_size=None, quantize_activation=False,
+                                  batch_block_size=None, out_block_size=None, in_block_size=None):  # fmt: skip
+    """``torch.ops.xla.quantized_matmul_int8`` elsewhere: an empty ``[batch, out]`` tensor (torch_xla's).
+
+    Example::
+
+        torch.ops.xla.quantized_matmul_int8(x.to("meta"), w.to("meta"), scale.to("meta")).shape
+    """
+    warn_off_device(x, "quantized_matmul_int8")
+    return torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+
+register("flash_attention", "flash_attention(Tensor q, Tensor k, Tensor v, bool casual=False) -> Tensor",
+         flash_attention_xla, flash_attention_non_xla, probes=3)  # fmt: skip
+register(
+    "gmm",
+    "gmm(Tensor lhs, Tensor rhs, Tensor group_sizes, int[]? tiling=None, Tensor? group_offset=None,"
+    " bool transpose_rhs=False) -> Tensor",
+    gmm_xla,
+    gmm_non_xla,
+)
+register(
+    "quantized_matmul_int8",
+    "quantized_matmul_int8(Tensor x, Tensor w, Tensor scalar, Tensor? zero_point=None, Tensor? quant_block_size=None,"
+    " bool quantize_activation=False, int? batch_block_size=None, int? out_block_size=None,"
+    " int? in_block_size=None) -> Tensor",
+    quantized_matmul_int8_xla,
+    quantized_matmul_int8_non_xla,
+)

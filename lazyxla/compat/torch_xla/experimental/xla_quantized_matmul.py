@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 import lazyxla
 from lazyxla.compat._common import missing_attribute
+from lazyxla.compat.torch_xla.experimental._custom_ops import register
 from lazyxla.device.devices import DEVICE_NAMES
 
 INT8_MAX = 2**7 - 1
@@ -287,6 +288,31 @@ class XlaQuantizedLinear(torch.nn.Module):
             int4_weight=self.int4_weight,
             quantize_activation=self.quantize_activation,
         )
+
+
+def _quantized_matmul_op(x, w, scaler, zero_point=None, block_size=-1, int4_weight=False, quantize_activation=False):
+    # the schema's optionals may come as None: torch_xla's defaults then
+    return quantized_matmul_xla(
+        x, w, scaler, zero_point, -1 if block_size is None else block_size, bool(int4_weight), bool(quantize_activation)
+    )
+
+
+def _quantized_matmul_shape(x, w, scaler, zero_point=None, block_size=-1, int4_weight=False, quantize_activation=False):
+    # torch_xla's CompositeExplicitAutograd kernel is its PyTorch formulation: the real value off the device
+    return quantized_matmul(
+        x, w, scaler, zero_point, -1 if block_size is None else block_size, bool(int4_weight), bool(quantize_activation)
+    )
+
+
+# torch.ops.xla.quantized_matmul, which torch_xla registers when this module is imported (its schema, verbatim)
+register(
+    "quantized_matmul",
+    "quantized_matmul(Tensor x, Tensor w, Tensor scale, Tensor? zero_point=None, int? block_size=-1,"
+    " bool? int4_weight=False, bool? quantize_activation=False) -> Tensor",
+    _quantized_matmul_op,
+    _quantized_matmul_shape,
+    probes=1,
+)
 
 
 def __getattr__(name: str):
