@@ -287,6 +287,33 @@ def test_errors_name_what_to_do(dev):
         lazyxla.from_jax(torch.ones(2))
 
 
+def _compiled_add(x, y):  # no interpret=True: a kernel for a GPU or TPU
+    return pl.pallas_call(_add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+
+@jax.custom_vjp
+def _add_compiled_backward(x, y):
+    return pallas_add(x, y)
+
+
+_add_compiled_backward.defvjp(lambda x, y: (pallas_add(x, y), None), lambda _, g: (_compiled_add(g, g), g))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Pallas compiles kernels on GPUs and TPUs")
+def test_a_pallas_kernel_not_interpreted_raises_at_the_call_on_the_cpu_naming_what_to_do(dev):
+    """jax itself raises 'Only interpret mode is supported on CPU backend' only when the step's program is lowered."""
+    x = torch.ones(8, 128).to(dev)
+    with pytest.raises(ValueError, match=r"lazyxla.call_jax\(_compiled_add\).*interpret=True.*make_kernel_from_pallas"):
+        lazyxla.call_jax(_compiled_add, x, x)
+    with pytest.raises(ValueError, match="interpret=True"):  # inside a jit, found in the nested jaxpr
+        lazyxla.call_jax(jax.jit(_compiled_add), x, x)
+    x.requires_grad_()
+    y = lazyxla.call_jax(_add_compiled_backward, x, x)  # the forward is interpreted, its backward is not
+    with pytest.raises(ValueError, match=r"_add_compiled_backward.vjp\).*interpret=True"):
+        y.sum().backward()
+    assert lazyxla.metrics.counters().get("compiles", 0) == 0  # nothing was lowered
+
+
 def test_to_jax_computes_only_what_the_tensor_needs_and_from_jax_round_trips(dev):
     a_cpu, b_cpu = torch.randn(3, 4), torch.randn(5)
     a, b = a_cpu.to(dev), b_cpu.to(dev)

@@ -5,6 +5,8 @@ interpret mode), grouped matmuls against a per-group loop, and ``xb.call_jax`` a
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -200,6 +202,120 @@ def test_make_kernel_from_pallas_runs_the_kernel_interpreted_equal_to_torch(tx, 
     wrong = ck.make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, torch.float64)])
     with pytest.raises(ValueError, match="output_shape_dtype_fn says"):
         wrong(a.to(dev), a.to(dev))
+
+
+# ---- kernels written for torch_xla's TPUs (no interpret=True) with custom_vjp rules, on the CPU --------------------
+
+
+def _mul_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] * y_ref[...]
+
+
+def _tpu_mul(x, y):
+    """``x * y`` in (8, 128) row blocks, a grid over the rows: as torch_xla users write kernels for TPUs."""
+    block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        _mul_kernel,
+        grid=(x.shape[0] // 8,),
+        in_specs=[block, block],
+        out_specs=block,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, y)
+
+
+@jax.custom_vjp
+def pallas_mul(x, y):
+    return _tpu_mul(x, y)
+
+
+pallas_mul.defvjp(lambda x, y: (_tpu_mul(x, y), (x, y)), lambda res, g: (_tpu_mul(g, res[1]), _tpu_mul(g, res[0])))
+
+
+def test_make_kernel_from_pallas_differentiates_through_the_kernel_s_custom_vjp_on_the_cpu(tx, dev):
+    """The backward's kernels are traced when the VJP is taken (a call_jax node of its own), after the forward's:
+    they run in the TPU interpreter too (they failed with 'Only interpret mode is supported on CPU backend')."""
+    ck, _ = tx
+    mul = ck.make_kernel_from_pallas(pallas_mul, lambda x, y: [(x.shape, x.dtype)])
+    x, y = torch.randn(16, 128), torch.randn(16, 128)
+    got, want = _both(mul, torch.mul, [x, y], dev)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+class _Gated(nn.Module):
+    def __init__(self, mul):
+        super().__init__()
+        self.mul, self.a, self.b, self.out = mul, nn.Linear(32, 128), nn.Linear(32, 128), nn.Linear(128, 4)
+
+    def forward(self, x):
+        return self.out(self.mul(torch.tanh(self.a(x)), self.b(x)))
+
+
+def test_a_training_loop_through_a_custom_vjp_pallas_kernel_is_one_program_per_step(tx, dev, tmp_path):
+    ck, _ = tx
+    torch.manual_seed(0)
+    ref = _Gated(torch.mul)
+    model = _Gated(ck.make_kernel_from_pallas(pallas_mul, lambda x, y: [(x.shape, x.dtype)]))
+    model.load_state_dict(ref.state_dict())
+    model.to(dev)
+    x, y = torch.randn(16, 32), torch.randn(16, 4)
+    results = {}
+    # the interpreted kernel calls back into Python: its programs skip the disk cache (no warning that jax could not
+    # serialize them)
+    with warnings.catch_warnings(), lazyxla.config.override(persistent_cache=True, cache_dir=str(tmp_path)):
+        warnings.simplefilter("error", RuntimeWarning)
+        for name, m, where in (("cpu", ref, "cpu"), ("lazyxla", model, dev)):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            losses, counts = [], []
+            for _ in range(4):
+                opt.zero_grad()
+                loss = F.mse_loss(m(x.to(where)), y.to(where))
+                loss.backward()
+                opt.step()
+                lazyxla.sync()
+                losses.append(loss.item())
+                c = lazyxla.metrics.counters()
+                counts.append((c.get("compiles", 0), c.get("executions", 0), c.get("syncs", 0)))
+            results[name] = (losses, [p.detach().cpu() for p in m.parameters()], counts)
+    torch.testing.assert_close(torch.tensor(results["lazyxla"][0]), torch.tensor(results["cpu"][0]), **TOL)
+    for a, b in zip(results["lazyxla"][1], results["cpu"][1]):
+        torch.testing.assert_close(a, b, **TOL)
+    counts = results["lazyxla"][2]
+    steps = [tuple(b[i] - a[i] for i in range(3)) for a, b in zip(counts, counts[1:])]
+    assert steps == [(0, 1, 1)] * 3, counts  # after the first step nothing compiles; one sync, one program a step
+
+
+def _shift_kernel(x_ref, o_ref):
+    """Adds ``max(block - 1, 0)`` to each row block. ``jnp.array(0)`` is jax's default int: int64 under lazyxla's
+    64-bit mode, where ``lax.select`` refuses it next to the int32 program id; int32 on a TPU, as torch_xla runs."""
+    i = pl.program_id(0)
+    previous = jax.lax.select(i > 0, i - 1, jnp.array(0))
+    o_ref[...] = x_ref[...] + previous.astype(x_ref.dtype)
+
+
+def shift_blocks(x, *, block_rows):  # block_rows: a static keyword argument, as kernels take their tiling
+    block = pl.BlockSpec((block_rows, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        _shift_kernel,
+        grid=(x.shape[0] // block_rows,),
+        in_specs=[block],
+        out_specs=block,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def test_make_kernel_from_pallas_traces_kernels_with_32_bit_types(tx, dev):
+    ck, _ = tx
+    shift = ck.make_kernel_from_pallas(shift_blocks, lambda x: [(x.shape, x.dtype)])  # positional only, as torch_xla
+    x = torch.randn(32, 128)
+    offsets = torch.tensor([0.0, 0.0, 1.0, 2.0]).repeat_interleave(8)[:, None]  # blocks of 8 rows: 0, 0, 1, 2
+    torch.testing.assert_close(shift(x.to(dev), block_rows=8).cpu(), x + offsets)
+    ints = torch.arange(32 * 128, dtype=torch.int32).reshape(32, 128)
+    offsets = torch.tensor([0, 0, 1, 2, 3, 4, 5, 6], dtype=torch.int32).repeat_interleave(4)[:, None]  # 4 rows each
+    torch.testing.assert_close(shift(ints.to(dev), block_rows=4).cpu(), ints + offsets)
+    # jax's TPU interpreter takes no 64-bit arrays (it failed at run time, in its callbacks): refused at the call
+    with pytest.raises(TypeError, match=r"shift_blocks: .*no 64-bit arrays.*float64.*cast"):
+        shift(x.double().to(dev), block_rows=8)
 
 
 def _gmm_reference(lhs, rhs, sizes):

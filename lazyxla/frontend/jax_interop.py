@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -78,7 +79,8 @@ def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     same pytree of lazyxla tensors, pending until the next sync, like any op's results. The tensors must be on one
     lazyxla device. ``fn`` may be ``jax.numpy`` code, a Pallas kernel (``pl.pallas_call``), a ``shard_map`` or a
     ``jax.custom_vjp`` function. It runs under lazyxla's 64-bit mode: ``jnp.zeros(3)`` inside it is float64 (give
-    dtypes, or derive them from the inputs).
+    dtypes, or derive them from the inputs). On the CPU a Pallas kernel must be interpreted (``interpret=True``):
+    one that is not raises ``ValueError`` at the call, before anything is compiled.
 
     Autograd works through it: gradients of floating-point inputs come from ``jax.vjp`` of ``fn`` (a
     ``custom_vjp``'s own rule), recorded lazily as another ``call_jax`` node.
@@ -302,6 +304,14 @@ def _traced(label: str, flat: Callable, in_avals: tuple, out_tree_cell: list) ->
     structs = [jax.ShapeDtypeStruct(a.shape, devices.np_dtype(a.dtype)) for a in in_avals]
     with devices.x64(), jax.default_matmul_precision(config.matmul_precision):
         closed, shapes = jax.make_jaxpr(flat, return_shape=True)(*structs)
+    if devices.platform() == "cpu" and _compiled_pallas(closed.jaxpr):
+        raise PallasNotInterpretedError(
+            f"lazyxla.call_jax({label}): fn calls pl.pallas_call without interpret=True, and Pallas compiles no "
+            "kernel for the CPU (jax's 'Only interpret mode is supported on CPU backend'). Pass interpret=True to "
+            "pl.pallas_call (its kernel then runs as XLA ops), or call fn through torch_xla's "
+            "make_kernel_from_pallas (lazyxla.compat), which runs kernels written for TPUs in Pallas's TPU "
+            "interpreter off a TPU and compiles them on one"
+        )
     if not shapes:
         raise TypeError(f"lazyxla.call_jax({label}): fn returned no arrays; it must return at least one jax.Array")
     avals = []
@@ -316,6 +326,23 @@ def _traced(label: str, flat: Callable, in_avals: tuple, out_tree_cell: list) ->
     name = jax_call.name_of(label, closed, flat)
     jax_call.register(name, flat)
     return _Plan(name, flat, in_avals, tuple(avals), out_tree_cell[0])
+
+
+class PallasNotInterpretedError(ValueError):
+    """A ``pl.pallas_call`` that is not interpreted, traced for the CPU: Pallas compiles kernels for GPUs and TPUs."""
+
+
+def _compiled_pallas(jaxpr) -> bool:
+    """Whether ``jaxpr`` (or one nested in it: ``jit``, ``custom_vjp``, control flow) has a ``pallas_call`` to be
+    compiled (``interpret`` off), which jax refuses to lower for the CPU only when the step's program is lowered:
+    checked at the call instead, so the error names the call."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            if not eqn.params.get("interpret"):
+                return True
+        elif any(_compiled_pallas(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
 
 
 def _apply(plan: _Plan, tensors: list, device: int) -> list:
@@ -371,6 +398,8 @@ def _vjp_plan(plan: _Plan, wanted: tuple, ct_avals: tuple) -> _Plan:
         label = plan.name.rsplit("-", 1)[0]
         try:
             traced = _traced(f"{label}.vjp", _vjp_flat(plan, wanted), plan.in_avals + ct_avals, [None])
+        except PallasNotInterpretedError:  # its backward's kernels: the message says what to do already
+            raise
         except Exception as e:  # jax's own error, with what to do about the common case
             raise TypeError(
                 f"lazyxla.call_jax({label}): jax cannot differentiate fn ({type(e).__name__}: {e}). A Pallas kernel "

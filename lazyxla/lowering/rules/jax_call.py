@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +29,7 @@ OP = ops.call_jax.default  # declared in lazyxla/ops.py
 
 FUNCTIONS: dict[str, Callable] = {}  # name -> flat function (input arrays -> list of output arrays), for the rule
 CALLS_PYTHON: set[str] = set()  # names of functions that call back into Python (name_of)
+_INTERPRETER = re.compile(r"interpret=Interpret\w*Params\(")  # a pallas_call in jax's TPU/GPU interpreter
 
 
 def name_of(label: str, closed_jaxpr, owner: object = None) -> str:
@@ -37,7 +39,8 @@ def name_of(label: str, closed_jaxpr, owner: object = None) -> str:
 
     jax prints a Python callback (``pure_callback``, ``io_callback``, ``jax.debug``) by its function's name only, so
     two different callbacks of one name would print alike: a jaxpr that calls back into Python is also named by
-    ``id(owner)`` (the calling function: a new function object then compiles anew).
+    ``id(owner)`` (the calling function: a new function object then compiles anew). A ``pallas_call`` in Pallas's
+    TPU (or GPU) interpreter prints as ``interpret=InterpretParams(...)`` and lowers to callbacks: it counts too.
 
     Example::
 
@@ -49,7 +52,7 @@ def name_of(label: str, closed_jaxpr, owner: object = None) -> str:
         host = np.asarray(c)
         h.update(repr((host.shape, host.dtype.str)).encode())
         h.update(host.tobytes())
-    if "callback" in text:
+    if "callback" in text or _INTERPRETER.search(text):
         h.update(repr(("owner", id(owner))).encode())
         name = f"{label}-{h.hexdigest()}"
         CALLS_PYTHON.add(name)

@@ -3,7 +3,9 @@
 * ``make_kernel_from_pallas(kernel, output_shape_dtype_fn)``: a torch-callable running a JAX function that calls
   ``pl.pallas_call`` (torch_xla's TPU custom call) as one node of the step's program. On the CPU, where Pallas only
   interprets, the kernel runs under ``pltpu.force_tpu_interpret_mode()`` (jax's TPU interpreter: it emulates the
-  TPU's memory spaces, so kernels written for torch_xla's TPUs run unchanged); on a GPU or TPU it is compiled.
+  TPU's memory spaces, so kernels written for torch_xla's TPUs run unchanged); on a GPU or TPU it is compiled. It is
+  traced with 32-bit types (as jax runs on torch_xla's TPUs) unless an input is 64-bit, and its ``custom_vjp``
+  backward in the same mode (``_kernel_call``, shared with flash attention's TPU path).
 * ``flash_attention(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab=...)``: torch_xla's semantics
   (those of jax's TPU flash attention): ``logits = (q @ k^T + ab) * sm_scale``; a query attends to a key only where
   the segment ids are equal and, when causal, the key's index is at most the query's; masked logits get
@@ -109,8 +111,9 @@ def make_kernel_from_pallas(kernel: Callable, output_shape_dtype_fn: Callable) -
     requires; lazyxla checks the kernel's outputs against it. The returned function takes the kernel's
     arguments (tensors, and hashable static values; ``static_argnums``/``static_argnames`` are accepted and not
     needed: every non-tensor is static) and returns one tensor, or a tuple for several outputs. Off a GPU or TPU the
-    kernel runs in Pallas's TPU interpret mode. Pallas kernels have no reverse-mode rule: give ``kernel`` a
-    ``jax.custom_vjp`` to differentiate through it.
+    kernel runs in Pallas's TPU interpret mode; it is traced with 32-bit types unless an input is 64-bit (kernels
+    written for TPUs mix int32 program ids with jax's default int). Pallas kernels have no reverse-mode rule: give
+    ``kernel`` a ``jax.custom_vjp`` to differentiate through it (its backward's kernels run in the same mode).
 
     Example::
 
@@ -123,7 +126,7 @@ def make_kernel_from_pallas(kernel: Callable, output_shape_dtype_fn: Callable) -
         add = make_kernel_from_pallas(add_vectors, lambda x, y: [(x.shape, x.dtype)])
         z = add(x, y)
     """
-    runnable = _runnable(kernel)
+    runnable = _kernel_call(kernel, _COMPILES_ANY)
 
     @functools.wraps(kernel)
     def wrapped_kernel(*args, static_argnums=None, static_argnames=None, **kwargs):
@@ -144,19 +147,89 @@ def make_kernel_from_pallas(kernel: Callable, output_shape_dtype_fn: Callable) -
     return wrapped_kernel
 
 
+# ---- running Pallas kernels: the one wrapper of make_kernel_from_pallas and flash attention's TPU path -------------
+
+_COMPILES_ANY = ("gpu", "tpu", "cuda", "rocm")  # platforms Pallas compiles a user's kernel for (Triton or Mosaic)
+_COMPILES_TPU = ("tpu",)  # where jax's TPU kernels (Mosaic) compile
+_WIDE = frozenset(jnp.dtype(t) for t in ("float64", "int64", "uint64", "complex128"))
+
+
 @functools.cache
-def _runnable(kernel: Callable) -> Callable:
-    """``kernel`` as it runs on this platform: compiled on a GPU or TPU, in Pallas's TPU interpreter elsewhere
-    (Pallas compiles nothing for the CPU). One object per kernel, so call_jax's plans and programs are reused."""
-    if devices.platform() in ("gpu", "tpu", "cuda", "rocm"):
-        return kernel
+def _kernel_call(fn: Callable, compiled_on: tuple[str, ...]) -> Callable:
+    """``fn`` (a JAX function calling Pallas kernels, differentiable through its own ``custom_vjp``) as it runs on
+    this platform: compiled where the platform is in ``compiled_on``, in Pallas's TPU interpreter elsewhere (Pallas
+    compiles nothing for the CPU; the interpreter emulates the TPU's memory spaces, so kernels written for TPUs run
+    unchanged), traced with 32-bit types unless an array argument is 64-bit (kernels mix int32 program ids with
+    jax's default int, int64 under lazyxla's 64-bit mode: ``lax.select`` then refuses them; on a TPU jax runs
+    32-bit). 64-bit arrays raise ``TypeError`` where the kernel is interpreted: jax's TPU interpreter does not take
+    them (its tiling asserts an item size of 4 at most; its callbacks return 32-bit values). The mode covers the
+    backward too: a ``custom_vjp``'s backward is traced when the VJP is taken, after the forward's trace has ended
+    (``call_jax``'s backward node), so it is entered again there.
 
-    @functools.wraps(kernel)
-    def interpreted(*args, **kwargs):
-        with pltpu.force_tpu_interpret_mode():
-            return kernel(*args, **kwargs)
+    Arguments are any pytree of arrays and static values (``flash_attention``'s ``None``s, a kernel's block sizes
+    or flags given by keyword): the arrays are the differentiable inputs, the rest is passed through as it is. One
+    object per ``(fn, compiled_on)``, so ``call_jax``'s plans and programs are reused.
 
-    return interpreted
+    Example::
+
+        run = _kernel_call(add_vectors, _COMPILES_ANY)
+        lazyxla.call_jax(run, x, y)                   # on the CPU: the kernel in the TPU interpreter
+    """
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+        arrays = [leaves[i] for i in where]
+        wide = [jnp.dtype(a.dtype).name for a in arrays if jnp.dtype(a.dtype) in _WIDE]
+        if wide and devices.platform() not in compiled_on:
+            raise TypeError(
+                f"{getattr(fn, '__name__', 'a Pallas kernel')}: Pallas's TPU interpreter, which runs kernels off a "
+                f"GPU or TPU, takes no 64-bit arrays (TPUs have none), and got {', '.join(sorted(set(wide)))}: cast "
+                "the tensors to 32 bits first (.float(), .int())"
+            )
+
+        def of_arrays(*xs):
+            full = list(leaves)
+            for i, x in zip(where, xs):
+                full[i] = x
+            a, kw = jax.tree_util.tree_unflatten(tree, full)
+            return fn(*a, **kw)
+
+        return _in_mode(of_arrays, functools.partial(_kernel_mode, compiled_on, bool(wide)))(*arrays)
+
+    return call
+
+
+def _in_mode(fn: Callable, mode: Callable) -> Callable:
+    """``fn`` (arrays -> arrays) traced under the context ``mode()``: its primal, its forward and its backward."""
+
+    @jax.custom_vjp
+    def run(*arrays):
+        with mode():
+            return fn(*arrays)
+
+    def forward(*arrays):
+        with mode():
+            return jax.vjp(fn, *arrays)  # its VJP function is a pytree of residual arrays
+
+    def backward(vjp, cotangent):
+        with mode():
+            return vjp(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
+
+
+@contextlib.contextmanager
+def _kernel_mode(compiled_on: tuple[str, ...], x64: bool) -> Iterator[None]:
+    """jax's 64-bit mode as ``x64`` says; Pallas's TPU interpreter unless the platform is in ``compiled_on``."""
+    with jax.enable_x64(x64):
+        if devices.platform() in compiled_on:
+            yield
+        else:
+            with pltpu.force_tpu_interpret_mode():
+                yield
 
 
 # ---- flash attention -----------------------------------------------------------------------------------------------
@@ -258,7 +331,8 @@ def _pallas_attention(q, k, v, ab, q_segment_ids, kv_segment_ids, *, causal: boo
     if q_segment_ids is not None:
         q_segment_ids = q_segment_ids.reshape(-1, lq).astype(jnp.int32)
         kv_segment_ids = kv_segment_ids.reshape(-1, lk).astype(jnp.int32)
-    kernel = _kernel_call(_flash_kernel(bool(causal), float(sm_scale), _flash_blocks(q.shape[0], lq, lk)))
+    flash = _flash_kernel(bool(causal), float(sm_scale), _flash_blocks(q.shape[0], lq, lk))
+    kernel = _kernel_call(flash, _COMPILES_TPU)
     return kernel(q, k, v, ab, q_segment_ids, kv_segment_ids).reshape(*batch_shape, lq, q.shape[-1])
 
 
@@ -293,40 +367,6 @@ def _flash_kernel(causal: bool, sm_scale: float, blocks: tpu_flash.BlockSizes) -
         return tpu_flash.flash_attention(q, k, v, ab, segment_ids, causal=causal, sm_scale=sm_scale, block_sizes=blocks)
 
     return kernel
-
-
-@contextlib.contextmanager
-def _kernel_mode() -> Iterator[None]:
-    """How jax's TPU kernels are traced: with 32-bit types (their index maps mix int32 with jax's default int, int64
-    under lazyxla's 64-bit mode: ``lax.select`` then refuses them), in Pallas's TPU interpreter off a TPU."""
-    with jax.enable_x64(False):
-        if devices.platform() == "tpu":
-            yield
-        else:
-            with pltpu.force_tpu_interpret_mode():
-                yield
-
-
-def _kernel_call(fn: Callable) -> Callable:
-    """``fn`` (arrays -> arrays, calling Pallas kernels, differentiable through its own ``custom_vjp``) traced under
-    :func:`_kernel_mode`, its backward too: a ``custom_vjp``'s backward is traced when the VJP is taken, after the
-    forward's ``with`` has ended, so the mode is entered again there."""
-
-    @jax.custom_vjp
-    def run(*args):
-        with _kernel_mode():
-            return fn(*args)
-
-    def forward(*args):
-        with _kernel_mode():
-            return jax.vjp(fn, *args)  # its VJP function is a pytree of residual arrays
-
-    def backward(vjp, cotangent):
-        with _kernel_mode():
-            return vjp(cotangent)
-
-    run.defvjp(forward, backward)
-    return run
 
 
 class FlashAttention:
