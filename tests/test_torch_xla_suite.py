@@ -146,6 +146,29 @@ def test_reasons_come_from_the_error_then_the_last_traceback():
     assert reasons.last_error("x\nValueError: bad\nSpawnError: rank 0 raised:\n") == "ValueError: bad"
 
 
+def test_failures_reading_the_debug_bindings_name_what_differs():
+    """Cases that call lazyxla's _XLAC debugging bindings and fail on torch_xla's own text (the errors of torch_xla's
+    test/spmd/test_xla_sharding.py, test_fsdp_v2.py, test_xla_virtual_device.py, test_torch_distributed_xla_backend.py
+    as lazyxla answers them) are sorted by what differs, outside the public API."""
+    cases = {
+        "AssertionError: '%p1.1 = f32[1,8]{1,0} parameter(1), sharding' not found in 'HloModule jit_fn, ...'": (
+            reasons.HLO_NAMES
+        ),
+        "RuntimeError: Expected `nn.Linear` lowering to contain `%dot`. Full HLO: [test_scan_spmd.py:225]": (
+            reasons.HLO_NAMES
+        ),
+        "AssertionError: 'opt-barrier.1 = (f32[1,64]{0,1}) opt-barrier(' not found in 'HloModule jit_fn'": (
+            reasons.FSDPV2_BARRIER
+        ),
+        "AssertionError: HloModule jit_fn, entry_computation_layout={(s64[2]{0})->s64[2]{0}}": reasons.ONE_REPLICA_HLO,
+        "AssertionError: 'Tensor on host: with size [5, 5]' not found in 'XLATensor {\nTensorID: 9'": reasons.HOST_COPY,
+        "AssertionError: 'ShardingSpec: None' unexpectedly found in 'XLATensor {\n'": reasons.DYNAMO_OUTPUT_SPEC,
+    }
+    for detail, label in cases.items():
+        assert reasons.classify(detail) == label, detail
+        assert label in reasons.OUTSIDE_PYTHON_API
+
+
 def test_api_table_reads_public_names_and_looks_them_up(tmp_path):
     src = _source(
         tmp_path,

@@ -22,6 +22,9 @@ from lazyxla.lowering import cache
 from lazyxla.observe import diagnostics, metrics, profiler
 from lazyxla.util import atomic_write
 
+# how a program's output leaves name their origin (``Node.source``), which ``made_by_program`` reads back
+OUTPUT_SOURCE = "an output of graph"
+
 
 def _walk(roots):
     """Post-order of computation nodes, leaves in first-visit order, and the graph's sharing events.
@@ -119,7 +122,7 @@ def _run(device: int, tensors: list[LazyTensor], keep: set | None, site: str, re
     )
     for i in compiled.donated:  # the buffer now belongs to an output; nothing may read it again
         leaves[i].payload = None
-    made_by = f"an output of graph {report.programs[-1].graph}"  # names the buffers' origin in errors
+    made_by = f"{OUTPUT_SOURCE} {report.programs[-1].graph}"  # names the buffers' origin in errors
     made = output_leaves(compiled, outputs_of(roots, compiled), outs, device, made_by)
     new = {(id(m), i): (out, 0) for (m, i), out in zip(roots, made)}
     retarget(tensors, [new[(id(t._value[0]), t._value[1])] for t in tensors])
@@ -183,6 +186,23 @@ def _key(device: int, roots, leaves, events, donate) -> tuple:
         layouts(leaves) if devices.spmd_enabled() else None,
         config.compile_key(),
     )
+
+
+def cache_key(tensors: list[LazyTensor]) -> tuple:
+    """The compile cache's key of the program that would compute ``tensors`` (donating nothing); nothing runs.
+
+    Example::
+
+        assert graph.cache_key([a]) == graph.cache_key([b])      # same graph, other values
+    """
+    roots, _, leaves, events = plan(tensors)
+    return _key(roots[0][0].device, roots, leaves, events, ())
+
+
+def made_by_program(n) -> bool:
+    """Whether device-data leaf ``n`` holds an output of a program a sync ran (not a copy from the host, nor a
+    layout ``mark_sharding`` made): in SPMD mode its layout is the one XLA's partitioner chose."""
+    return isinstance(n.source, str) and n.source.startswith(OUTPUT_SOURCE)
 
 
 def key_layouts(key: tuple) -> tuple | None:

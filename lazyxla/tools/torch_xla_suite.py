@@ -131,9 +131,8 @@ _XLA_SHARDING_CASES = {
     "BasicXlaShardingTest.test_execute_replicated_metrics": reasons.CPP_METRICS,
     "BasicXlaShardingTest.test_sharded_tensor_aliasing": reasons.CPP_METRICS,
     "BasicXlaShardingTest.test_op_sharding_cache": reasons.CPP_METRICS,
-    # they compare _XLAC._get_xla_sharding_spec texts (and read _get_xla_tensors_hlo)
-    "BasicXlaShardingTest.test_inplace_add_with_sharding": reasons.XLAC,
-    "BasicXlaShardingTest.test_propagate_replicated_sharding": reasons.XLAC,
+    # compares _XLAC._get_xla_sharding_spec before and after xt.add_(1), then reads the HLO's Sharding custom-call
+    "BasicXlaShardingTest.test_inplace_add_with_sharding": reasons.INPLACE_SHARDING,
     "BasicXlaShardingTest.test_mark_manual_sharding": reasons.PRIVATE,  # xs._mark_manual_sharding
     "BasicXlaShardingTest.test_hybrid_mesh": "mocks 2 slices of 4 TPU devices (xr.global_runtime_device_attributes); "
     "lazyxla's HybridMesh is laid over the run's real devices",

@@ -36,6 +36,32 @@ PATCHED_WORLD_HLO = (
     "records a collective over replicas the run lacks (a patched world group) only to read its HLO text "
     "(_XLAC); lazyxla checks replica groups when a collective is recorded"
 )
+# what torch_xla's debugging bindings say that lazyxla's (same names) cannot: its HLO builder's instruction names,
+# its SPMD virtual device's host copies, a compiled call's output already computed, collectives on one replica
+HLO_NAMES = (
+    "matches torch_xla's HLO instruction names (%p1.1, %custom-call.1, %opt-barrier.1, %dot.3) in "
+    "_XLAC._get_xla_tensors_hlo's text; lazyxla's text is jax's lowering of the program (args_0_.1, dot_general.1)"
+)
+FSDPV2_BARRIER = (
+    "expects FSDPv2's backward optimization barrier in the HLO text (_XLAC); lazyxla's FSDPv2 applies none (its "
+    "optimization_barrier options have no effect)"
+)
+ONE_REPLICA_HLO = (
+    "reads the HLO text (_XLAC) of a collective over the run's one replica: lazyxla's program has none there (over "
+    "one replica its result is its input), torch_xla's has the op"
+)
+HOST_COPY = (
+    "expects _XLAC's debug info to show a tensor kept on the host (torch_xla's SPMD virtual device, or its CPU "
+    "fallback of torch.polar); lazyxla moves a tensor to the device at once and lowers polar"
+)
+DYNAMO_OUTPUT_SPEC = (
+    "reads the sharding of a torch.compile(backend='openxla') output before a sync (_XLAC debug info): torch_xla "
+    "computes the call at once, lazyxla records it as one pending node"
+)
+INPLACE_SHARDING = (
+    "expects an in-place op to keep the tensor's sharding annotation while pending (_XLAC): lazyxla's in-place "
+    "op makes a new value without one (XLA's partitioner then lays it out; an uneven layout is lost)"
+)
 OP_COUNTERS = "reads torch_xla's per-op C++ counters (xla::<aten op>)"
 CUSTOM_OPS = "needs torch_xla's custom ops (torch.ops.xla.*)"
 CPP_METRICS = "checks torch_xla's C++ counters and metrics (TensorToData, LazyTracing)"
@@ -61,6 +87,11 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"cannot import name 'plugins'|experimental\.plugins", PLUGINS),
     (r"the replica groups must split the \d+ replicas", PATCHED_WORLD_HLO),
     (r"_XLAC", XLAC),
+    (r"AssertionError: 'opt-barrier\.\d+ = ", FSDPV2_BARRIER),
+    (r"AssertionError: '%[\w.-]+ = |Full HLO:", HLO_NAMES),
+    (r"^AssertionError: HloModule ", ONE_REPLICA_HLO),
+    (r"'Tensor on host: with size", HOST_COPY),
+    (r"'ShardingSpec: None' unexpectedly found", DYNAMO_OUTPUT_SPEC),
     (
         r"'CompileTime__Percentile_99_sec' not found",
         "expects a compile before any sync (rand, flatten, roll, flip are only recorded; torch_xla under PJRT "
@@ -129,6 +160,12 @@ OTHER = "other (see the case's error)"
 OUTSIDE_PYTHON_API = frozenset(
     (
         XLAC,
+        HLO_NAMES,
+        FSDPV2_BARRIER,
+        ONE_REPLICA_HLO,
+        HOST_COPY,
+        DYNAMO_OUTPUT_SPEC,
+        INPLACE_SHARDING,
         HLO_BUILDER,
         PLUGINS,
         PATCHED_WORLD_HLO,

@@ -4,7 +4,8 @@ a ``rich`` table.
 ``construct_v1_sharding_str(t)`` gives XLA's (V1) HLO sharding text of ``t``'s annotation, worked out from
 lazyxla's ``(mesh, partition_spec)``: ``{devices=[tiles per dimension]device ids}``, with one more tile
 dimension and `` last_tile_dim_replicate`` when some mesh axes do not split the tensor, ``{replicated}`` when
-none do, ``''`` for a tensor without annotation. ``visualize_sharding(text)`` draws the first two tile
+none do (and for a program's output XLA's partitioner left replicated, as torch_xla), ``''`` for a tensor
+without annotation. ``visualize_sharding(text)`` draws the first two tile
 dimensions as a table whose cells name the devices holding that tile (``CPU 3``, or ``CPU [0, 1]`` for
 replicas), as torch_xla draws them; ``visualize_tensor_sharding(t)`` does both. Needs ``rich``.
 
@@ -28,6 +29,9 @@ import torch
 import lazyxla
 from lazyxla.compat._common import missing_attribute, platform_name
 from lazyxla.config import foreign_env
+from lazyxla.ir import Leaf
+from lazyxla.lazy import graph
+from lazyxla.lazy.tensor import unwrap
 from lazyxla.parallel.spmd import is_annotated
 
 try:  # optional dependency: only the tables need it
@@ -55,12 +59,19 @@ def construct_v1_sharding_str(t: torch.Tensor) -> str:
     """
     t = getattr(t, "global_tensor", t)
     found = lazyxla.spmd.get_sharding(t)
-    if found is None:  # replicated: annotated so (on a mesh), or a plain tensor
-        return "{replicated}" if is_annotated(t) else ""
+    if found is None:  # replicated: annotated so (on a mesh), chosen so by XLA's partitioner, or a plain tensor
+        return "{replicated}" if is_annotated(t) or _partitioned(t) else ""
     mesh, spec = found
     if mesh is None:  # a layout XLA chose that matches no mesh: lazyxla knows only its description
         raise ValueError(f"construct_v1_sharding_str: the tensor's layout {spec[0]} is on no mesh built here")
     return _v1_text(np.asarray(mesh.device_ids).reshape(mesh.mesh_shape), list(mesh.axis_names), spec)
+
+
+def _partitioned(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds an output of a program that XLA's partitioner laid out (SPMD mode): torch_xla gives
+    every such output the layout it got, ``{replicated}`` included, where a copy from the host has none."""
+    node = unwrap(t)._value[0]
+    return lazyxla.spmd.is_enabled() and node.op is Leaf.DATA and graph.made_by_program(node)
 
 
 def _v1_text(logical: np.ndarray, names: list[str], spec: tuple) -> str:
