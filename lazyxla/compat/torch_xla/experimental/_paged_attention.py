@@ -29,15 +29,12 @@ below the Functionalize key on fake tensors) and lazyxla runs that graph op by o
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import torch
 
 import lazyxla
-from lazyxla.compat.torch_xla.core.xla_model import XLA_LIB
-from lazyxla.compat.torch_xla.experimental._custom_ops import below_functionalization, on_lazyxla
+from lazyxla.compat.torch_xla.experimental._custom_ops import register, warn_off_device
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)  # torch_xla's and jax's paged attention's
 MEGACORE_MODES = ("kv_head", "batch", None)
@@ -351,27 +348,28 @@ def _attend(q, kv_len, pos, pages, fetch, *, sm_scale, soft_cap, sliding_window,
 
 
 # ---- torch.ops.xla ---------------------------------------------------------------------------------------------------
-# torch_xla's schemas, verbatim. torch_xla registers its kernels at the XLA key; a lazyxla tensor as the user holds it
-# is a functionalization wrapper, whose first key after autograd is Functionalize (below it, the inner tensor's
-# Python key would record the op as one lazyxla cannot lower and run it on the CPU): the device kernels are
-# registered there. A tensor elsewhere (CPU under functionalization, a fake one in torch.compile's tracing) goes on
-# below functionalization to the CompositeExplicitAutograd kernels: ``empty_like(q)``, as torch_xla's give.
+# torch_xla's schemas, verbatim, registered by ``_custom_ops.register``: lazyxla tensors run the kernels above, other
+# tensors (fake ones in torch.compile's tracing, meta, CPU) get ``empty_like(q)``, as torch_xla's give.
 
-XLA_LIB.define(
+_PAGED_SCHEMA = (
     "paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor lengths, Tensor page_indices,"
-    " int pages_per_compute_block, str? megacore_mode=None, float? attn_logits_soft_cap=None) -> Tensor",
+    " int pages_per_compute_block, str? megacore_mode=None, float? attn_logits_soft_cap=None) -> Tensor"
 )
-XLA_LIB.define(
+_MULTI_QUERIES_SCHEMA = (
     "multi_queries_paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor lengths, Tensor page_indices,"
     " Tensor effective_q_lens, int num_kv_pages_per_compute_block, int num_queries_per_compute_block,"
-    " bool use_kernel, float? attn_logits_soft_cap=None) -> Tensor",
+    " bool use_kernel, float? attn_logits_soft_cap=None) -> Tensor"
 )
-XLA_LIB.define(
+_RAGGED_SCHEMA = (
     "ragged_paged_attention(Tensor q, Tensor kv_pages, Tensor kv_lens, Tensor page_indices, "
     "Tensor cu_q_lens, Tensor num_seqs, float sm_scale=1, int? sliding_window=None, "
     "float? soft_cap=None, float? mask_value=None, float? k_scale=None, float? v_scale=None, bool use_kernel=True,"
-    "int? num_kv_pages_per_block=None, int? num_queries_per_block=None, int? vmem_limit_bytes=None) -> Tensor",
+    "int? num_kv_pages_per_block=None, int? num_queries_per_block=None, int? vmem_limit_bytes=None) -> Tensor"
 )
+_RAGGED_ARGS = (
+    "sm_scale", "sliding_window", "soft_cap", "mask_value", "k_scale", "v_scale", "use_kernel",
+    "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes",
+)  # fmt: skip
 
 
 def non_xla_ragged_paged_attention(q: torch.Tensor, kv: torch.Tensor, attention_type: str) -> torch.Tensor:
@@ -382,42 +380,21 @@ def non_xla_ragged_paged_attention(q: torch.Tensor, kv: torch.Tensor, attention_
 
         non_xla_ragged_paged_attention(q_meta, kv_pages_meta, "paged").shape == q_meta.shape
     """
-    if kv.device != torch.device("meta"):
-        warnings.warn(f"XLA {attention_type} attention should only be applied to tensors on XLA device", stacklevel=2)
+    warn_off_device(kv, f"{attention_type} attention")
     return torch.empty_like(q)
 
 
-@torch.library.impl(XLA_LIB, "paged_attention", "Functionalize")
-def paged_attention_xla(
-    q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode=None, attn_logits_soft_cap=None
-):
+def paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, *args) -> torch.Tensor:
     """``torch.ops.xla.paged_attention`` on lazyxla tensors: :func:`paged_attention`.
 
     Example::
 
         out = torch.ops.xla.paged_attention(q, k_pages, v_pages, lengths, page_indices, 4)
     """
-    if not on_lazyxla(q, k_pages):
-        args = (
-            q,
-            k_pages,
-            v_pages,
-            lengths,
-            page_indices,
-            pages_per_compute_block,
-            megacore_mode,
-            attn_logits_soft_cap,
-        )
-        return below_functionalization(torch.ops.xla.paged_attention.default, args, {})
-    return paged_attention(
-        q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode, attn_logits_soft_cap
-    )
+    return paged_attention(q, k_pages, v_pages, lengths, page_indices, *args)
 
 
-@torch.library.impl(XLA_LIB, "paged_attention", "CompositeExplicitAutograd")
-def paged_attention_non_xla(
-    q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode=None, attn_logits_soft_cap=None
-):
+def paged_attention_non_xla(q, k_pages, *args) -> torch.Tensor:
     """``torch.ops.xla.paged_attention`` elsewhere: ``empty_like(q)`` (torch_xla's, for shape inference).
 
     Example::
@@ -427,32 +404,17 @@ def paged_attention_non_xla(
     return non_xla_ragged_paged_attention(q, k_pages, "paged")
 
 
-@torch.library.impl(XLA_LIB, "multi_queries_paged_attention", "Functionalize")
-def multi_queries_paged_attention_xla(
-    q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
-    num_queries_per_compute_block, use_kernel, attn_logits_soft_cap=None,
-):  # fmt: skip
+def multi_queries_paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, effective_q_lens, *args):
     """``torch.ops.xla.multi_queries_paged_attention`` on lazyxla tensors: :func:`multi_queries_paged_attention`.
 
     Example::
 
         out = torch.ops.xla.multi_queries_paged_attention(q, k_pages, v_pages, lengths, pages, q_lens, 4, 8, True)
     """
-    if not on_lazyxla(q, k_pages):
-        args = (q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
-                num_queries_per_compute_block, use_kernel, attn_logits_soft_cap)  # fmt: skip
-        return below_functionalization(torch.ops.xla.multi_queries_paged_attention.default, args, {})
-    return multi_queries_paged_attention(
-        q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
-        num_queries_per_compute_block, use_kernel, attn_logits_soft_cap,
-    )  # fmt: skip
+    return multi_queries_paged_attention(q, k_pages, v_pages, lengths, page_indices, effective_q_lens, *args)
 
 
-@torch.library.impl(XLA_LIB, "multi_queries_paged_attention", "CompositeExplicitAutograd")
-def multi_queries_paged_attention_non_xla(
-    q, k_pages, v_pages, lengths, page_indices, effective_q_lens, num_kv_pages_per_compute_block,
-    num_queries_per_compute_block, use_kernel, attn_logits_soft_cap=None,
-):  # fmt: skip
+def multi_queries_paged_attention_non_xla(q, k_pages, *args) -> torch.Tensor:
     """``torch.ops.xla.multi_queries_paged_attention`` elsewhere: ``empty_like(q)`` (torch_xla's).
 
     Example::
@@ -462,13 +424,6 @@ def multi_queries_paged_attention_non_xla(
     return non_xla_ragged_paged_attention(q, k_pages, "paged")
 
 
-_RAGGED_ARGS = (
-    "sm_scale", "sliding_window", "soft_cap", "mask_value", "k_scale", "v_scale", "use_kernel",
-    "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes",
-)  # fmt: skip
-
-
-@torch.library.impl(XLA_LIB, "ragged_paged_attention", "Functionalize")
 def ragged_paged_attention_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *args, **kwargs):
     """``torch.ops.xla.ragged_paged_attention`` on lazyxla tensors (vLLM's TPU backend calls it):
     :func:`ragged_paged_attention`; the schema's optional arguments follow in its order.
@@ -477,16 +432,12 @@ def ragged_paged_attention_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens, nu
 
         out = torch.ops.xla.ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, 0.125)
     """
-    if not on_lazyxla(q, kv_pages):
-        args = (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *args)
-        return below_functionalization(torch.ops.xla.ragged_paged_attention.default, args, kwargs)
     return ragged_paged_attention(
         q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **dict(zip(_RAGGED_ARGS, args)), **kwargs
     )
 
 
-@torch.library.impl(XLA_LIB, "ragged_paged_attention", "CompositeExplicitAutograd")
-def ragged_paged_attention_non_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *args, **kwargs):
+def ragged_paged_attention_non_xla(q, kv_pages, *args, **kwargs) -> torch.Tensor:
     """``torch.ops.xla.ragged_paged_attention`` elsewhere: ``empty_like(q)`` (torch_xla's, for shape inference).
 
     Example::
@@ -494,3 +445,9 @@ def ragged_paged_attention_non_xla(q, kv_pages, kv_lens, page_indices, cu_q_lens
         torch.ops.xla.ragged_paged_attention(q_meta, kv_meta, lens, pages, cu_q_lens, num_seqs).shape
     """
     return non_xla_ragged_paged_attention(q, kv_pages, "paged")
+
+
+register("paged_attention", _PAGED_SCHEMA, paged_attention_xla, paged_attention_non_xla)
+register("multi_queries_paged_attention", _MULTI_QUERIES_SCHEMA, multi_queries_paged_attention_xla,
+         multi_queries_paged_attention_non_xla)  # fmt: skip
+register("ragged_paged_attention", _RAGGED_SCHEMA, ragged_paged_attention_xla, ragged_paged_attention_non_xla)
