@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests.util import quick_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
 # (a), (b): also torch.compile(backend="lazyxla"), and every torch framework with zero_grad() first in the loop
@@ -49,7 +51,7 @@ def results(tmp_path_factory):
         # every section but (j): tests/test_bench_hf.py runs benchmarks/hf.py itself (here it would add ~90 s)
         [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(path), "--only", ",".join(_SECTIONS)],
         cwd=ROOT,
-        env=env,
+        env=quick_compile_env(env),
         capture_output=True,
         text=True,
         timeout=300,
