@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.util import quick_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = {"eager", "lazyxla", "lazyxla captured", "lazyxla compiled"}
 
@@ -34,7 +36,7 @@ def results(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.hf", "--quick", "--json", str(path)],
         cwd=ROOT,
-        env=env,
+        env=quick_compile_env(env),
         capture_output=True,
         text=True,
         timeout=600,

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.util import quick_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -23,7 +25,7 @@ def results(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(path), "--only", "spmd,generate"],
         cwd=ROOT,
-        env=env,
+        env=quick_compile_env(env),
         capture_output=True,
         text=True,
         timeout=600,

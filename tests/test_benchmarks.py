@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests.util import quick_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("jax.jit", "eager", "lazyxla")
 # (a), (b): also torch.compile(backend="lazyxla"), and every torch framework with zero_grad() first in the loop
@@ -38,13 +40,20 @@ def _stats(d: dict, unit: str) -> None:
     assert d["samples"] >= 1
 
 
+def _env() -> dict[str, str]:
+    """The benchmarks' environment: this checkout on ``PYTHONPATH``, XLA compiling fast (numbers are never timed)."""
+    return quick_compile_env(
+        dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    )
+
+
 _SECTIONS = ("training", "host", "overlap", "program_size", "fresh", "recording")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = _env()
     proc = subprocess.run(
         # every section but (j): tests/test_bench_hf.py runs benchmarks/hf.py itself (here it would add ~90 s)
         [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(path), "--only", ",".join(_SECTIONS)],
@@ -183,7 +192,7 @@ def test_overlap(results, model):
 def test_scan_benchmark_smoke(tmp_path):
     """``python -m benchmarks.scan --quick``, one row: every number is there, one program built."""
     path = tmp_path / "scan.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = _env()
     cmd = [sys.executable, "-m", "benchmarks.scan", "--quick", "--layers", "2", "--modes", "stacked"]
     proc = subprocess.run(
         [*cmd, "--parts", "model", "--json", str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -198,7 +207,7 @@ def test_scan_benchmark_smoke(tmp_path):
 
 def test_only_runs_the_sections_asked_for(tmp_path):
     path = tmp_path / "bench.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = _env()
     cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(path)]
     proc = subprocess.run(
         [*cmd, "--only", "program_size"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -213,6 +222,7 @@ def test_only_runs_the_sections_asked_for(tmp_path):
 
 def test_agreement_compares_every_step_in_float32_and_bfloat16_autocast(tmp_path):
     path = tmp_path / "agreement.json"
+    # XLA at its default optimizations here: this one compares numbers (and compiling faster saved nothing)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     cmd = [
         sys.executable,

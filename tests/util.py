@@ -155,6 +155,17 @@ def script_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def quick_compile_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with XLA's CPU backend at its lowest optimization level (added to any ``XLA_FLAGS`` there).
+
+    For the smoke tests of the benchmark harness: they check that every number is there, that nothing compiles
+    after step 2 and that the frameworks' losses agree, never how fast a program runs, and XLA's backend
+    optimizations were about a third of their time (tiny models, dozens of programs compiled).
+    """
+    flags = f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+    return dict(env, XLA_FLAGS=flags)
+
+
 def run_python(args: list[str], cwd: Path, timeout: int = 240, **extra: str) -> subprocess.CompletedProcess:
     """``python *args`` in ``cwd`` with :func:`script_env`; output captured. The child leads a new process
     group: on a timeout the whole group (the processes it started included) is killed before raising."""
